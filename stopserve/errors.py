@@ -1,0 +1,156 @@
+"""One exception tree for stopserve. Core modules raise these; the service maps
+them to HTTP status codes in one table (``stopserve/service/errors.py``) and the
+CLI prints them without a traceback.
+
+::
+
+    StopServeError
+    ├── TraceError                 a trace file or trace object is bad
+    │   ├── TraceFormatError       unreadable: not JSON, binary, empty, too large
+    │   └── TraceValidationError   readable, but breaks the format v1 contract
+    ├── ImporterError              a foreign format cannot be converted
+    ├── ConfigError                a setting or a safety-net config is bad
+    ├── ModelError                 a model directory cannot be used
+    │   ├── ModelNotFoundError
+    │   └── ModelIntegrityError    sha256 or feature names do not match
+    ├── RunError                   a live run cannot take this request
+    │   ├── RunNotFoundError
+    │   ├── RunClosedError
+    │   └── RunLimitError          too many events or runs
+    ├── TrainingError              the data cannot train or evaluate a policy
+    └── AuthError                  admin token missing or wrong
+
+Every error can carry :class:`Issue` objects: each names the file, line, trace
+id and field path it is about, so a message reads like
+``runs.jsonl:1042: trace 'abc': events[3].type: 'spwan' is not one of spawn, ...``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "AuthError",
+    "ConfigError",
+    "ImporterError",
+    "Issue",
+    "ModelError",
+    "ModelIntegrityError",
+    "ModelNotFoundError",
+    "RunClosedError",
+    "RunError",
+    "RunLimitError",
+    "RunNotFoundError",
+    "StopServeError",
+    "TraceError",
+    "TraceFormatError",
+    "TraceValidationError",
+    "TrainingError",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """One problem, located as precisely as is known.
+
+    >>> str(Issue("bad type", file="runs.jsonl", line=3, trace_id="abc", path="events[0].type"))
+    "runs.jsonl:3: trace 'abc': events[0].type: bad type"
+    """
+
+    message: str
+    file: str | None = None
+    line: int | None = None
+    trace_id: str | None = None
+    path: str | None = None
+
+    def __str__(self) -> str:
+        parts: list[str] = []
+        if self.file is not None:
+            parts.append(self.file if self.line is None else f"{self.file}:{self.line}")
+        if self.trace_id is not None:
+            parts.append(f"trace {self.trace_id!r}")
+        if self.path:
+            parts.append(self.path)
+        parts.append(self.message)
+        return ": ".join(parts)
+
+    def to_dict(self) -> dict[str, str | int | None]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "trace_id": self.trace_id,
+            "field": self.path,
+            "message": self.message,
+        }
+
+
+class StopServeError(Exception):
+    """Base of every error stopserve raises on purpose."""
+
+    def __init__(self, message: str, issues: Sequence[Issue] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.issues: list[Issue] = list(issues)
+
+    def __str__(self) -> str:
+        if not self.issues:
+            return self.message
+        lines = [self.message, *(f"  {issue}" for issue in self.issues)]
+        return "\n".join(lines)
+
+
+class TraceError(StopServeError):
+    """A trace file or trace object is bad."""
+
+
+class TraceFormatError(TraceError):
+    """The input cannot be read as traces at all (not JSON, binary, empty, too large)."""
+
+
+class TraceValidationError(TraceError):
+    """The input parses but breaks the format v1 contract; ``issues`` lists every problem."""
+
+
+class ImporterError(StopServeError):
+    """A foreign trace format cannot be converted."""
+
+
+class ConfigError(StopServeError):
+    """A setting or a safety-net configuration is invalid."""
+
+
+class ModelError(StopServeError):
+    """A model directory cannot be used."""
+
+
+class ModelNotFoundError(ModelError):
+    """The model directory or one of its files does not exist."""
+
+
+class ModelIntegrityError(ModelError):
+    """A model file's sha256 or the feature names do not match the manifest."""
+
+
+class RunError(StopServeError):
+    """A live run cannot take this request."""
+
+
+class RunNotFoundError(RunError):
+    """No live run has this id (never created, closed, evicted or expired)."""
+
+
+class RunClosedError(RunError):
+    """The run already received its outcome."""
+
+
+class RunLimitError(RunError):
+    """A bound was hit: events per run, events per request, or live runs."""
+
+
+class TrainingError(StopServeError):
+    """The traces given cannot train or evaluate a policy (says what is missing)."""
+
+
+class AuthError(StopServeError):
+    """An admin endpoint was called without the right bearer token."""

@@ -1,0 +1,603 @@
+"""Trace format v1: models, validation, and streaming read/write.
+
+The contract is ``shared/spec/trace-format.md``; this module is its code. A trace
+is one run of an agent system: events (eight atomic types), optional edges,
+final rewards, costs, the stop, the budget in force and free metrics.
+
+Read files with :func:`read_traces` (raises on the first invalid trace, with all
+of its problems) or :func:`scan` (never raises for content; yields every
+trace's problems, for ``stopserve validate``). Both stream: one trace in memory
+at a time, one line at a time for JSON Lines.
+
+>>> t = Trace.model_validate({"trace_id": "r1", "task_id": "t1",
+...     "events": [{"id": "e1", "t": 0, "type": "tool_call", "agent": "a"}]})
+>>> t.events[0].type
+'tool_use'
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Final, Literal, get_args
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from stopserve.errors import Issue, TraceFormatError, TraceValidationError
+
+__all__ = [
+    "DECISION_POINT_TYPES",
+    "EVENT_TYPES",
+    "FORMAT_TAG",
+    "STOP_REASONS",
+    "SURVEY_TYPE_MAP",
+    "TOPOLOGIES",
+    "Budget",
+    "Decision",
+    "Edge",
+    "Event",
+    "Record",
+    "Stop",
+    "Trace",
+    "TraceWriter",
+    "check_trace",
+    "is_decision_point",
+    "parse_trace",
+    "read_traces",
+    "scan",
+    "write_traces",
+]
+
+FORMAT_TAG: Final = "stopserve.trace/1"
+
+EventType = Literal["spawn", "delegate", "communicate", "tool_use", "return", "aggregate", "reward", "stop"]
+StopReason = Literal[
+    "information_complete",
+    "quality_met",
+    "budget_exhausted",
+    "loop_detected",
+    "no_progress",
+    "error",
+    "external",
+    "unknown",
+]
+Topology = Literal[
+    "centralized", "planner_executor_critic", "debate", "swarm", "hierarchical", "harness", "mixed", "unknown"
+]
+Limit = Literal["turns", "seconds", "tokens", "usd"]
+EdgeType = Literal[
+    "temporal", "causal", "spawn", "message", "tool_dependency", "return", "aggregate", "safety_flow"
+]
+
+EVENT_TYPES: Final[tuple[str, ...]] = get_args(EventType)
+STOP_REASONS: Final[tuple[str, ...]] = get_args(StopReason)
+TOPOLOGIES: Final[tuple[str, ...]] = get_args(Topology)
+
+#: Survey artifact event types and the v1 type each maps to (``orchestrator_decision``
+#: becomes ``stop`` instead when it carries ``decision: "stop"``).
+SURVEY_TYPE_MAP: Final[Mapping[str, str]] = {
+    "orchestrator_decision": "delegate",
+    "message": "communicate",
+    "tool_call": "tool_use",
+    "tool_result": "return",
+    "despawn": "return",
+    "human_intervention": "communicate",
+    "safety_event": "communicate",
+}
+
+#: Event types after which control returns to the orchestrator (plus a *proposed* stop).
+DECISION_POINT_TYPES: Final = frozenset({"return", "aggregate", "reward"})
+
+#: Bytes one JSON Lines line or one ``.json`` file may hold; bounds memory per trace.
+DEFAULT_MAX_TRACE_BYTES: Final = 64 * 1024 * 1024
+
+_NEEDS_VALUE: Final = "a reward event must carry 'value'"
+_NEEDS_REASON: Final = "a stop event must carry 'reason'"
+
+_NonNegFloat = Field(default=None, ge=0, allow_inf_nan=False)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="allow", allow_inf_nan=False)
+
+
+class Decision(_Model):
+    """What a stop service answered at one point (logged by the service)."""
+
+    action: Literal["continue", "stop"]
+    reason: StopReason | None = None
+    v_stop: float | None = None
+    propensity: float = Field(default=1.0, gt=0, le=1)
+    model_version: str | None = None
+
+
+class Stop(_Model):
+    """How a run ended."""
+
+    reason: StopReason
+    by: Literal["orchestrator", "safety_net", "service", "external"] | None = None
+    t: float | None = Field(default=None, ge=0)
+    limit: Limit | None = None
+
+
+class Budget(_Model):
+    """Caps in force during a run; tells a cap-cut run from a chosen stop."""
+
+    max_turns: int | None = Field(default=None, ge=0)
+    max_seconds: float | None = _NonNegFloat
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_usd: float | None = _NonNegFloat
+
+
+class Edge(_Model):
+    """A link in the event graph; ``src`` and ``dst`` name event ids."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    src: str = Field(min_length=1)
+    dst: str = Field(min_length=1)
+    type: EdgeType
+
+
+class Event(_Model):
+    """One atomic event. Unknown extra fields are kept (the survey allows them)."""
+
+    id: str = Field(min_length=1)
+    t: float = Field(ge=0, allow_inf_nan=False)
+    type: EventType
+    agent: str = Field(min_length=1)
+    role: str | None = None
+    from_: str | None = Field(default=None, alias="from")
+    to: str | None = None
+    tool: str | None = None
+    content_ref: str | None = None
+    tokens: int | None = Field(default=None, ge=0)
+    usd: float | None = _NonNegFloat
+    error: bool | None = None
+    value: float | None = Field(default=None, allow_inf_nan=False)
+    channel: str | None = None
+    reason: StopReason | None = None
+    proposed: bool | None = None
+    grade: float | None = Field(default=None, allow_inf_nan=False)
+    decision: Decision | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _map_survey_type(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        kind = data.get("type")
+        if not isinstance(kind, str) or kind not in SURVEY_TYPE_MAP:
+            return data
+        data = dict(data)
+        data["survey_type"] = kind
+        decision = data.get("decision")
+        if isinstance(decision, str):
+            # the survey's free-form decision string is not a v1 Decision object
+            data["survey_decision"] = data.pop("decision")
+        if kind == "orchestrator_decision" and decision == "stop":
+            data["type"] = "stop"
+            data.setdefault("reason", "unknown")
+        else:
+            data["type"] = SURVEY_TYPE_MAP[kind]
+        if kind == "human_intervention":
+            data.setdefault("role", "human")
+        elif kind == "safety_event":
+            data.setdefault("error", True)
+        return data
+
+    @model_validator(mode="after")
+    def _required_by_type(self) -> Event:
+        if self.type == "reward" and self.value is None:
+            raise ValueError(_NEEDS_VALUE)
+        if self.type == "stop" and self.reason is None:
+            raise ValueError(_NEEDS_REASON)
+        return self
+
+    def dump(self) -> dict[str, Any]:
+        """The event as format-v1 JSON data (aliases, no empty fields)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class Trace(_Model):
+    """One run of an agent system, as format v1 defines it."""
+
+    format: Literal["stopserve.trace/1"] | None = None
+    trace_id: str = Field(min_length=1)
+    task_id: str = Field(min_length=1)
+    system: str | None = None
+    topology: Topology | None = None
+    events: list[Event] = Field(min_length=1)
+    edges: list[Edge] = Field(default_factory=list)
+    rewards: dict[str, float] = Field(default_factory=dict)
+    costs: dict[str, float] = Field(default_factory=dict)
+    stop: Stop | None = None
+    budget: Budget | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("costs")
+    @classmethod
+    def _costs_non_negative(cls, costs: dict[str, float]) -> dict[str, float]:
+        for key, value in costs.items():
+            if value < 0:
+                raise ValueError(f"cost {key!r} must be >= 0, got {value}")
+        return costs
+
+    def total_costs(self) -> dict[str, float]:
+        """``costs`` with every missing total recomputed from the events."""
+        totals = {
+            "tokens": float(sum(e.tokens or 0 for e in self.events)),
+            "wall_clock_s": self.events[-1].t if self.events else 0.0,
+            "tool_calls": float(sum(1 for e in self.events if e.type == "tool_use")),
+            "messages": float(sum(1 for e in self.events if e.type == "communicate")),
+        }
+        if any(e.usd is not None for e in self.events):
+            totals["usd"] = float(sum(e.usd or 0.0 for e in self.events))
+        return {**totals, **self.costs}
+
+    def dump(self) -> dict[str, Any]:
+        """The trace as format-v1 JSON data (aliases, no empty fields)."""
+        data = self.model_dump(by_alias=True, exclude_none=True, mode="json")
+        data.setdefault("format", FORMAT_TAG)
+        return data
+
+
+def is_decision_point(event: Event) -> bool:
+    """Whether control returns to the orchestrator right after ``event``."""
+    return event.type in DECISION_POINT_TYPES or (event.type == "stop" and bool(event.proposed))
+
+
+# --------------------------------------------------------------------------- validation
+
+_TRACE_FIELDS: Final = frozenset(Trace.model_fields) | {"format"}
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += part if not out else f".{part}"
+    return out
+
+
+def _pydantic_message(err: Mapping[str, Any]) -> str:
+    kind = err.get("type")
+    value = err.get("input")
+    if kind in ("literal_error", "enum"):
+        expected = (err.get("ctx") or {}).get("expected", "")
+        expected = expected.replace("'", "").replace(" or ", ", ")
+        return f"{value!r} is not one of {expected}"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "extra_forbidden":
+        return "unknown field"
+    msg = str(err.get("msg", "invalid"))
+    msg = msg.removeprefix("Value error, ")
+    if kind in ("value_error", "assertion_error") or value is None or isinstance(value, dict | list):
+        return msg
+    return f"{msg} (got {_short(value)})"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _semantic_issues(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Checks pydantic cannot express per field; tolerant of badly typed input."""
+    out: list[tuple[str, str]] = []
+    events = data.get("events")
+    ids: dict[str, int] = {}
+    if isinstance(events, list):
+        last_t: float | None = None
+        for i, ev in enumerate(events):
+            if not isinstance(ev, dict):
+                continue
+            eid = ev.get("id")
+            if isinstance(eid, str):
+                if eid in ids:
+                    out.append(
+                        (f"events[{i}].id", f"duplicate event id {eid!r} (first at events[{ids[eid]}])")
+                    )
+                else:
+                    ids[eid] = i
+            kind = SURVEY_TYPE_MAP.get(ev.get("type"), ev.get("type"))  # type: ignore[arg-type]
+            if kind == "reward" and ev.get("value") is None:
+                out.append((f"events[{i}].value", _NEEDS_VALUE))
+            if kind == "stop" and ev.get("reason") is None and ev.get("type") != "orchestrator_decision":
+                out.append((f"events[{i}].reason", _NEEDS_REASON))
+            t = ev.get("t")
+            if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t):
+                if last_t is not None and t < last_t:
+                    out.append((f"events[{i}].t", f"time goes backwards: {t} after {last_t}"))
+                last_t = t if last_t is None else max(last_t, t)
+    edges = data.get("edges")
+    if isinstance(edges, list) and isinstance(events, list):
+        for i, edge in enumerate(edges):
+            if not isinstance(edge, dict):
+                continue
+            for end in ("src", "dst"):
+                ref = edge.get(end)
+                if isinstance(ref, str) and ref and ref not in ids:
+                    out.append((f"edges[{i}].{end}", f"names no event: {ref!r}"))
+    return out
+
+
+def check_trace(
+    data: Any, *, strict: bool = False, file: str | None = None, line: int | None = None
+) -> tuple[Trace | None, list[Issue]]:
+    """Validate one trace object; return it (or ``None``) and EVERY problem found.
+
+    ``strict`` rejects unknown top-level fields (they are kept otherwise).
+    """
+    if not isinstance(data, dict):
+        return None, [
+            Issue(f"a trace must be a JSON object, got {type(data).__name__}", file=file, line=line)
+        ]
+    tid = data.get("trace_id")
+    trace_id = tid if isinstance(tid, str) and tid else None
+    issues: list[Issue] = []
+    trace: Trace | None = None
+    try:
+        trace = Trace.model_validate(data)
+    except ValidationError as exc:
+        for err in exc.errors():
+            if str(err.get("msg", "")).removeprefix("Value error, ") in (_NEEDS_VALUE, _NEEDS_REASON):
+                continue  # reported with its field by _semantic_issues
+            issues.append(
+                Issue(_pydantic_message(err), file=file, line=line, trace_id=trace_id, path=_loc(err["loc"]))
+            )
+    for path, message in _semantic_issues(data):
+        issues.append(Issue(message, file=file, line=line, trace_id=trace_id, path=path))
+    if strict:
+        for key in data:
+            if key not in _TRACE_FIELDS:
+                issues.append(
+                    Issue(
+                        "unknown top-level field (--strict)",
+                        file=file,
+                        line=line,
+                        trace_id=trace_id,
+                        path=key,
+                    )
+                )
+    return (None if issues else trace), issues
+
+
+def parse_trace(
+    data: Any, *, strict: bool = False, file: str | None = None, line: int | None = None
+) -> Trace:
+    """Validate one trace object or raise :class:`TraceValidationError` listing every problem."""
+    trace, issues = check_trace(data, strict=strict, file=file, line=line)
+    if trace is None:
+        where = Issue("", file=file, line=line, trace_id=issues[0].trace_id if issues else None)
+        prefix = str(where).rstrip(": ")
+        raise TraceValidationError(
+            f"{prefix}: invalid trace ({len(issues)} problems)"
+            if prefix
+            else f"invalid trace ({len(issues)} problems)",
+            issues,
+        )
+    return trace
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(slots=True)
+class Record:
+    """One trace read from a file: the trace when valid, else the problems found."""
+
+    file: str
+    line: int | None
+    trace: Trace | None
+    issues: list[Issue] = field(default_factory=list)
+
+
+_GZIP_MAGIC: Final = b"\x1f\x8b"
+
+
+def _looks_binary(chunk: bytes) -> bool:
+    return b"\x00" in chunk
+
+
+def _decode(line: bytes, name: str, lineno: int | None) -> tuple[Any, Issue | None]:
+    if _looks_binary(line):
+        return None, Issue("binary content (NUL byte): not a JSON trace file", file=name, line=lineno)
+    try:
+        return orjson.loads(line), None
+    except orjson.JSONDecodeError as exc:
+        return None, Issue(f"not valid JSON: {exc}", file=name, line=lineno)
+
+
+def _is_jsonl(path: Path) -> bool:
+    name = path.name.lower().removesuffix(".gz")
+    return name.endswith((".jsonl", ".ndjson"))
+
+
+def scan(
+    path: str | os.PathLike[str],
+    *,
+    strict: bool = False,
+    max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES,
+) -> Iterator[Record]:
+    """Yield one :class:`Record` per trace in ``path``; never raises for bad content.
+
+    ``.jsonl`` / ``.jsonl.gz`` are read a line at a time; ``.json`` holds one trace
+    object (or a list of them). A line or ``.json`` file above ``max_trace_bytes``
+    is reported, not loaded, so memory stays bounded whatever the input.
+    Raises :class:`TraceFormatError` only when the file cannot be opened.
+    """
+    p = Path(path)
+    name = str(path)
+    try:
+        raw = p.open("rb")
+    except OSError as exc:
+        raise TraceFormatError(f"{name}: cannot open: {exc.strerror or exc}") from exc
+    with raw:
+        stream: IO[bytes] = raw
+        if raw.read(2) == _GZIP_MAGIC:
+            stream = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
+        raw.seek(0)
+        reader = _scan_jsonl if _is_jsonl(p) else _scan_json
+        try:
+            yield from reader(stream, name, strict, max_trace_bytes)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            yield Record(name, None, None, [Issue(f"cannot read: {exc}", file=name)])
+
+
+def _scan_jsonl(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> Iterator[Record]:
+    lineno = 0
+    seen_any = False
+    while True:
+        line = stream.readline(max_bytes + 1)
+        if not line:
+            break
+        lineno += 1
+        if len(line) > max_bytes and not line.endswith(b"\n"):
+            # skip the rest of the over-long line without holding it
+            while True:
+                rest = stream.readline(1 << 20)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            issue = Issue(
+                f"line longer than {max_bytes} bytes: refused to bound memory", file=name, line=lineno
+            )
+            yield Record(name, lineno, None, [issue])
+            seen_any = True
+            continue
+        if not line.strip():
+            continue
+        seen_any = True
+        data, bad = _decode(line, name, lineno)
+        if bad is not None:
+            yield Record(name, lineno, None, [bad])
+            continue
+        trace, issues = check_trace(data, strict=strict, file=name, line=lineno)
+        yield Record(name, lineno, trace, issues)
+    if not seen_any:
+        yield Record(name, None, None, [Issue("file is empty: no traces", file=name)])
+
+
+def _scan_json(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> Iterator[Record]:
+    blob = stream.read(max_bytes + 1)
+    if len(blob) > max_bytes:
+        issue = Issue(
+            f"file larger than {max_bytes} bytes: use JSON Lines (.jsonl) for many traces", file=name
+        )
+        yield Record(name, None, None, [issue])
+        return
+    if not blob.strip():
+        yield Record(name, None, None, [Issue("file is empty: no traces", file=name)])
+        return
+    data, bad = _decode(blob, name, None)
+    if bad is not None:
+        if b"\n" in blob.strip() and _looks_like_jsonl(blob):
+            # a JSON Lines file with a .json name: read it as lines
+            yield from _scan_jsonl(io.BytesIO(blob), name, strict, max_bytes)
+            return
+        yield Record(name, None, None, [bad])
+        return
+    items = data if isinstance(data, list) else [data]
+    if not items:
+        yield Record(name, None, None, [Issue("file holds an empty list: no traces", file=name)])
+    for i, item in enumerate(items):
+        trace, issues = check_trace(item, strict=strict, file=name if len(items) == 1 else f"{name}[{i}]")
+        yield Record(name, None, trace, issues)
+
+
+def _looks_like_jsonl(blob: bytes) -> bool:
+    first = blob.lstrip().split(b"\n", 1)[0]
+    try:
+        return isinstance(orjson.loads(first), dict)
+    except orjson.JSONDecodeError:
+        return False
+
+
+def read_traces(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    *,
+    strict: bool = False,
+    max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES,
+) -> Iterator[Trace]:
+    """Stream valid traces from one or more files.
+
+    Raises :class:`TraceValidationError` at the first invalid trace, listing every
+    problem in it (``stopserve validate`` reports all traces instead).
+    """
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    for path in paths:
+        for record in scan(path, strict=strict, max_trace_bytes=max_trace_bytes):
+            if record.trace is None:
+                first = record.issues[0]
+                where = str(Issue("", file=first.file, line=first.line, trace_id=first.trace_id)).rstrip(": ")
+                raise TraceValidationError(
+                    f"{where}: invalid trace ({len(record.issues)} problems)", record.issues
+                )
+            yield record.trace
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class TraceWriter:
+    """Append traces to a ``.jsonl`` / ``.jsonl.gz`` file (or one ``.json``).
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "out.jsonl"
+    >>> with TraceWriter(p) as w:
+    ...     w.write({"trace_id": "r", "task_id": "t", "events": [{"id": "e", "t": 0, "type": "stop",
+    ...              "agent": "a", "reason": "unknown"}]})
+    >>> [t.trace_id for t in read_traces(p)]
+    ['r']
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
+        self.path = Path(path)
+        self.count = 0
+        self._json = not _is_jsonl(self.path) and self.path.suffix.lower() == ".json"
+        mode = "ab" if append else "wb"
+        self._raw: IO[bytes] = self.path.open(mode)
+        self._fh: IO[bytes] = self._raw
+        if self.path.name.lower().endswith(".gz"):
+            self._fh = gzip.GzipFile(fileobj=self._raw, mode=mode)  # type: ignore[assignment]
+
+    def write(self, trace: Trace | Mapping[str, Any]) -> None:
+        data = trace.dump() if isinstance(trace, Trace) else dict(trace)
+        if self._json:
+            if self.count:
+                raise TraceFormatError(f"{self.path}: a .json file holds one trace; write .jsonl for many")
+            self._fh.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+        else:
+            self._fh.write(orjson.dumps(data) + b"\n")
+        self.count += 1
+
+    def close(self) -> None:
+        self._fh.close()
+        self._raw.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def write_traces(path: str | os.PathLike[str], traces: Iterable[Trace | Mapping[str, Any]]) -> int:
+    """Write traces to ``path`` (format chosen by extension); return how many."""
+    with TraceWriter(path) as writer:
+        for trace in traces:
+            writer.write(trace)
+        return writer.count

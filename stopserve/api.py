@@ -1,0 +1,324 @@
+"""Request and response models of the HTTP API (version 1).
+
+Shared by the service and the client; no FastAPI import here, so a client
+never pays for the server's dependencies. Field names are the wire names.
+
+>>> DecideRequest.model_validate({"events": [], "lambda": 0.1}).lam
+0.1
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stopserve.trace import Budget, Event, Stop, StopReason, Topology
+
+__all__ = [
+    "API_VERSION",
+    "BatchDecideRequest",
+    "BatchDecideResponse",
+    "BatchItem",
+    "BatchResult",
+    "DecideRequest",
+    "DecideResponse",
+    "ErrorBody",
+    "ErrorDetail",
+    "ErrorIssue",
+    "HealthResponse",
+    "ModelInfo",
+    "OutcomeRequest",
+    "OutcomeResponse",
+    "ReadyResponse",
+    "ReloadRequest",
+    "ReloadResponse",
+    "RunInfo",
+    "StatelessDecideRequest",
+]
+
+API_VERSION = "v1"
+
+_EVENT_EXAMPLE: dict[str, Any] = {
+    "id": "e7",
+    "t": 41.5,
+    "type": "return",
+    "agent": "coder",
+    "tokens": 1830,
+    "usd": 0.0021,
+}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+
+class _DecideFields(_Body):
+    budget: Budget | None = Field(
+        default=None, description="Caps in force for this run (turns, seconds, tokens, usd)."
+    )
+    lam: float | None = Field(
+        default=None,
+        alias="lambda",
+        ge=0,
+        allow_inf_nan=False,
+        description="Cost weight (cost units per unit of reward); default: the model's.",
+    )
+    safety: dict[str, Any] | None = Field(
+        default=None,
+        description="Safety-net configuration (SafetyConfig JSON), overriding the server's default.",
+        examples=[{"max_turns": 50, "max_usd": 5.0}],
+    )
+    proposed_stop: bool = Field(default=False, description="The orchestrator wants to stop now.")
+    topology: Topology | None = Field(default=None, description="Topology of the run (first call).")
+    task_id: str | None = Field(
+        default=None, min_length=1, description="Task id written to the trace log (default: the run id)."
+    )
+    system: str | None = Field(default=None, description="Producing system, written to the trace log.")
+
+
+class DecideRequest(_DecideFields):
+    """Body of ``POST /v1/runs/{run_id}/decide``: the events since the last call.
+
+    Events whose ids the run has already seen are ignored, so a retry never double-counts.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "events": [_EVENT_EXAMPLE],
+                    "budget": {"max_turns": 40, "max_usd": 2.0},
+                    "lambda": 0.05,
+                    "proposed_stop": False,
+                }
+            ]
+        }
+    )
+
+    events: list[Event] = Field(
+        default_factory=list, description="Format-v1 events (survey types accepted) since the last call."
+    )
+
+
+class StatelessDecideRequest(_DecideFields):
+    """Body of ``POST /v1/decide``: the whole trace prefix; the server keeps no state."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"events": [_EVENT_EXAMPLE], "budget": {"max_turns": 40}}]}
+    )
+
+    events: list[Event] = Field(min_length=1, description="Every event of the run so far, in time order.")
+    run_id: str | None = Field(default=None, description="Echoed back; nothing is stored.")
+
+
+class BatchItem(DecideRequest):
+    """One run's share of a batch."""
+
+    run_id: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:@+-]+$")
+
+
+class BatchDecideRequest(_Body):
+    """Body of ``POST /v1/decide:batch``: many runs in one request."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"runs": [{"run_id": "run-1", "events": [_EVENT_EXAMPLE]}]}]}
+    )
+
+    runs: list[BatchItem] = Field(min_length=1)
+
+
+class DecideResponse(BaseModel):
+    """The answer at one decision point."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "run_id": "run-1",
+                    "action": "continue",
+                    "reason": None,
+                    "v_stop": -0.12,
+                    "q_continue": 0.71,
+                    "q_stop": 0.59,
+                    "cost_to_go": 0.04,
+                    "turn": 7,
+                    "safety_net": None,
+                    "limit": None,
+                    "pattern": None,
+                    "finalize": False,
+                    "model_version": "2026-11-29-a1b2c3",
+                    "propensity": 1.0,
+                    "degraded": False,
+                    "events_accepted": 1,
+                    "events_ignored": 0,
+                }
+            ]
+        }
+    )
+
+    run_id: str | None
+    action: Literal["continue", "stop"]
+    reason: StopReason | None = None
+    v_stop: float | None = None
+    q_continue: float | None = None
+    q_stop: float | None = None
+    cost_to_go: float | None = None
+    turn: int
+    safety_net: str | None = Field(default=None, description="Which safety net fired, if any.")
+    limit: Literal["turns", "seconds", "tokens", "usd"] | None = None
+    pattern: str | None = Field(default=None, description="Loop pattern, when the loop detector fired.")
+    finalize: bool = Field(description="True on stop: produce your best final answer now.")
+    model_version: str | None = None
+    propensity: float = Field(description="Probability with which the service chose this action.")
+    degraded: bool = False
+    events_accepted: int = 0
+    events_ignored: int = Field(default=0, description="Events skipped because their ids were seen.")
+
+
+class BatchResult(BaseModel):
+    """One run's answer in a batch: a decision, or the error for that run alone."""
+
+    run_id: str
+    decision: DecideResponse | None = None
+    error: ErrorDetail | None = None
+
+
+class BatchDecideResponse(BaseModel):
+    """Answers in the order of the request."""
+
+    results: list[BatchResult]
+
+
+class OutcomeRequest(_Body):
+    """Body of ``POST /v1/runs/{run_id}/outcome``: closes the run, logs its trace."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"rewards": {"team": 1.0}, "stop": {"reason": "quality_met", "by": "orchestrator"}}]
+        }
+    )
+
+    rewards: dict[str, float] = Field(description="Final rewards by channel; 'team' in [0, 1].")
+    stop: Stop | None = None
+    events: list[Event] = Field(default_factory=list, description="Last events not yet sent, if any.")
+    costs: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class OutcomeResponse(BaseModel):
+    """Where the finished trace went."""
+
+    run_id: str
+    trace_id: str
+    n_events: int
+    n_decisions: int
+    trace_log: str | None = Field(description="File the trace was appended to (None: logging disabled).")
+
+
+class RunInfo(BaseModel):
+    """State of a live run, for debugging."""
+
+    run_id: str
+    task_id: str
+    topology: str | None
+    n_events: int
+    turn: int
+    elapsed: float
+    tokens: float
+    usd: float
+    n_decisions: int
+    last_action: Literal["continue", "stop"] | None
+    created_at: float
+    last_seen_at: float
+    features: dict[str, float]
+
+
+class ModelInfo(BaseModel):
+    """The model being served."""
+
+    kind: Literal["model", "heuristic", "none"]
+    model_version: str | None
+    default_lambda: float
+    path: str | None
+    safety_only: bool = Field(description="True when no model is loaded and only safety nets decide.")
+    feature_names: list[str]
+    safety: dict[str, Any]
+    manifest: dict[str, Any]
+    model_card: str | None
+    loaded_at: float
+
+
+class ReloadRequest(_Body):
+    """Body of ``POST /v1/admin/reload`` (optional): which model directory to load."""
+
+    model_dir: str | None = Field(default=None, description="Default: the directory already configured.")
+
+
+class ReloadResponse(BaseModel):
+    """Result of a successful reload."""
+
+    previous_version: str | None
+    model_version: str | None
+    kind: str
+    path: str | None
+
+
+class HealthResponse(BaseModel):
+    """Liveness."""
+
+    status: Literal["ok"] = "ok"
+
+
+class ReadyResponse(BaseModel):
+    """Readiness; ``safety_only`` says when no model is loaded."""
+
+    ready: bool
+    model_version: str | None
+    kind: str
+    safety_only: bool
+    live_runs: int
+    log_ok: bool
+
+
+class ErrorIssue(BaseModel):
+    """One problem, located as precisely as known."""
+
+    field: str | None = None
+    message: str
+    file: str | None = None
+    line: int | None = None
+    trace_id: str | None = None
+
+
+class ErrorDetail(BaseModel):
+    """What went wrong: a stable type name, a message and the located issues."""
+
+    type: str
+    message: str
+    status: int
+    issues: list[ErrorIssue] = Field(default_factory=list)
+
+
+class ErrorBody(BaseModel):
+    """Every error response has this one shape."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "error": {
+                        "type": "validation_error",
+                        "message": "invalid request body (1 problem)",
+                        "status": 422,
+                        "issues": [{"field": "body.events[0].type", "message": "'spwan' is not one of ..."}],
+                    }
+                }
+            ]
+        }
+    )
+
+    error: ErrorDetail
+
+
+BatchResult.model_rebuild()

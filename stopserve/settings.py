@@ -1,0 +1,95 @@
+"""One typed configuration for the service: every field is also a ``STOPSERVE_`` variable.
+
+Build it explicitly and pass it on; nothing reads the environment behind your back
+except :class:`Settings` itself when constructed.
+
+>>> Settings(port=9000, max_runs=10).port
+9000
+>>> Settings(_env={"STOPSERVE_PORT": "8181"}).port  # doctest: +SKIP
+8181
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from stopserve.errors import ConfigError, Issue
+
+__all__ = ["Settings", "default_model_dir", "load_settings"]
+
+
+class Settings(BaseSettings):
+    """Service settings (env prefix ``STOPSERVE_``; CLI options override them)."""
+
+    model_config = SettingsConfigDict(env_prefix="STOPSERVE_", extra="forbid", validate_default=True)
+
+    model_dir: Path | None = Field(
+        default=None, description="Model directory; unset: the shipped default model, if any."
+    )
+    no_model: bool = Field(default=False, description="Serve on safety nets alone.")
+    host: str = Field(default="127.0.0.1", description="Bind address.")
+    port: int = Field(default=8080, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, description="Worker processes (runs are per process).")
+    log_dir: Path | None = Field(
+        default=Path("stopserve-logs"), description="Decision and trace logs; empty: no logging."
+    )
+    fsync: Literal["always", "interval"] = Field(
+        default="interval", description="'always': fsync each line; 'interval': every fsync_interval_s."
+    )
+    fsync_interval_s: float = Field(default=1.0, gt=0)
+    log_max_bytes: int = Field(default=256 * 1024 * 1024, ge=4096, description="Rotate log files above this.")
+    max_runs: int = Field(default=10_000, ge=1, description="Live runs kept; the least recently used go.")
+    run_ttl_s: float = Field(default=3600.0, gt=0, description="Idle runs expire after this many seconds.")
+    max_events_per_run: int = Field(default=20_000, ge=1)
+    max_events_per_request: int = Field(default=2_000, ge=1)
+    max_batch_runs: int = Field(default=512, ge=1)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    epsilon: float = Field(default=0.0, ge=0, le=1, description="Exploration: P(model stop -> continue).")
+    seed: int | None = Field(default=None, description="Seed of the exploration random stream.")
+    lam: float | None = Field(default=None, ge=0, description="Default cost weight; unset: the model's.")
+    safety: dict[str, Any] | None = Field(
+        default=None, description="Default safety-net config (SafetyConfig JSON); unset: the model's."
+    )
+    admin_token: SecretStr | None = Field(
+        default=None, description="Bearer token of /v1/admin/*; unset: admin endpoints disabled."
+    )
+    cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins; empty: off.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    def resolved_model_dir(self) -> Path | None:
+        """The model directory to load: the configured one, else the shipped default, else None."""
+        if self.no_model:
+            return None
+        if self.model_dir is not None:
+            return self.model_dir
+        return default_model_dir()
+
+
+def default_model_dir() -> Path | None:
+    """The shipped default model (repo ``models/default`` or the installed copy), if trained."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "models" / "default", here / "_default_model"):
+        if (candidate / "manifest.json").is_file():
+            return candidate
+    return None
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment plus ``overrides`` (None values are skipped).
+
+    Raises :class:`ConfigError` naming each bad setting and its variable.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        issues = []
+        for err in exc.errors():
+            name = ".".join(str(p) for p in err["loc"])
+            where = f"STOPSERVE_{name.upper()}" if name else "settings"
+            issues.append(Issue(str(err.get("msg", "invalid")), path=where))
+        raise ConfigError(f"invalid settings ({len(issues)} problems)", issues) from None

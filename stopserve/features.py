@@ -1,0 +1,701 @@
+"""The one featurizer: :class:`RunState` folds a run one event at a time.
+
+The trainer folds logged traces with it and the service folds live events with it,
+so train and serve cannot drift. ``FEATURE_NAMES`` is the one list of feature
+names, in the order of :meth:`RunState.features`; ``docs/features.md`` gives each
+one's meaning and unit.
+
+>>> from stopserve.trace import Event
+>>> s = RunState(topology="harness")
+>>> s.fold(Event(id="a", t=0.0, type="tool_use", agent="x", tokens=10))
+True
+>>> s.fold(Event(id="b", t=1.5, type="return", agent="x", error=True))
+True
+>>> s.turn, s.tokens, s.elapsed
+(1, 10, 1.5)
+>>> float(s.features()[FEATURE_NAMES.index("errors_consecutive")])
+1.0
+
+Cost: ``fold`` is O(1) amortized and allocates nothing that grows with the run
+except the bounded structures below; ``features`` is O(number of features).
+Memory per run is bounded by the window sizes (constructor arguments):
+
+* ``seen_window`` event ids (default 10,000) for idempotent retries: an event
+  whose id is among the last ``seen_window`` folded ids is skipped. A retry must
+  therefore resend a *recent* event (the service resends the last batch), which
+  is always the case for request retries; roughly 100 bytes per id.
+* ``ref_window`` content refs (default 4,096) with their counts, least recently
+  seen evicted first. Refs longer than 256 characters are replaced by a 16-byte
+  blake2b digest, so a huge ref costs no more memory than a short one.
+* at most ``max_agents`` (default 1,024) agent names and 64 reward channels;
+  further ones are folded but not remembered by name.
+
+Conventions: a value that is not known yet (no budget given, no reward seen, no
+stop proposed yet) is ``NaN``, which LightGBM treats as missing. Per-event
+``grade`` is an offline label and is never read here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from stopserve.errors import Issue, TraceValidationError
+from stopserve.trace import DECISION_POINT_TYPES, EVENT_TYPES, TOPOLOGIES, Budget, Event
+
+__all__ = ["FEATURE_NAMES", "LOOP_PATTERNS", "RunState"]
+
+_NAN: Final = math.nan
+
+#: Number of most recent outcomes the error share is taken over.
+ERROR_WINDOW: Final = 10
+#: Number of most recent events the distinct-ref ratio is taken over.
+REF_RATIO_WINDOW: Final = 20
+#: Content refs longer than this are hashed before they are remembered.
+MAX_REF_CHARS: Final = 256
+#: Event ids kept per loop pattern for reports (the latest ones).
+LOOP_ID_WINDOW: Final = 64
+_MAX_CHANNELS: Final = 64
+
+#: Loop patterns (names as reported by the safety net), after OpenHands' stuck detector.
+LOOP_PATTERNS: Final[tuple[str, ...]] = (
+    "repeated_action_observation",
+    "repeated_action_error",
+    "monologue",
+    "alternating_actions",
+)
+
+FEATURE_NAMES: Final[tuple[str, ...]] = (
+    # progress
+    "elapsed_s",
+    "turn",
+    "n_events",
+    *(f"n_{kind}" for kind in EVENT_TYPES),
+    "agents_seen",
+    "agents_active",
+    "delegations_pending",
+    "seconds_last_event",
+    "seconds_per_turn",
+    # spend
+    "tokens",
+    "usd",
+    "tokens_per_turn",
+    "usd_per_turn",
+    "tokens_last_turn",
+    "budget_share_turns",
+    "budget_share_seconds",
+    "budget_share_tokens",
+    "budget_share_usd",
+    # errors
+    "errors_total",
+    "errors_consecutive",
+    "error_share_recent",
+    # repetition
+    "latest_ref_count",
+    "identical_run",
+    "identical_run_max",
+    "distinct_ref_ratio",
+    "abab_flag",
+    "same_result_run",
+    "same_error_run",
+    "monologue_run",
+    "alternation_len",
+    # consensus
+    "consensus_share",
+    "consensus_agents",
+    # rewards
+    "reward_latest",
+    "reward_best",
+    "reward_delta",
+    "turns_since_best",
+    "tokens_since_best",
+    # structure
+    *(f"topology_{name}" for name in TOPOLOGIES),
+    "stop_proposals",
+    "turns_since_proposal",
+)
+
+_TYPE_INDEX: Final = {kind: i for i, kind in enumerate(EVENT_TYPES)}
+_TOPOLOGY_INDEX: Final = {name: i for i, name in enumerate(TOPOLOGIES)}
+
+
+def _digest(ref: str) -> str:
+    return "blake2b:" + hashlib.blake2b(ref.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def _share(used: float, cap: float | None) -> float:
+    if cap is None:
+        return _NAN
+    if cap <= 0:
+        return 1.0
+    return used / cap
+
+
+class RunState:
+    """Everything the stop policy knows about one run, folded one event at a time.
+
+    ``topology`` is the run's format-v1 topology (one-hot features); ``budget`` the
+    caps in force (budget-share features are ``NaN`` without one).
+
+    :meth:`fold` returns ``False`` and changes nothing for an event id folded
+    recently (a retried request). It raises :class:`TraceValidationError`, before
+    changing anything, for an event that breaks the format: time going backwards,
+    negative or non-finite ``tokens``/``usd``.
+    """
+
+    __slots__ = (
+        "_abab",
+        "_active_window",
+        "_agent_ret_ref",
+        "_agents",
+        "_alt_ids",
+        "_alt_len",
+        "_alt_seed",
+        "_best",
+        "_best_tokens",
+        "_best_turn",
+        "_budget",
+        "_channel_latest",
+        "_consensus_count",
+        "_consensus_freq",
+        "_consensus_max",
+        "_counts",
+        "_err_consec",
+        "_err_sum",
+        "_err_total",
+        "_err_window",
+        "_id_order",
+        "_ident_max",
+        "_ident_run",
+        "_ident_sig",
+        "_ids",
+        "_last_dt",
+        "_last_proposal_turn",
+        "_last_ref",
+        "_last_t",
+        "_latest",
+        "_max_agents",
+        "_mono_agent",
+        "_mono_ids",
+        "_mono_ref",
+        "_mono_run",
+        "_n_events",
+        "_pairs",
+        "_pending",
+        "_pending_action",
+        "_prev_reward",
+        "_primary_channel",
+        "_proposals",
+        "_ref_counts",
+        "_ref_window",
+        "_refs_recent",
+        "_same_err_ids",
+        "_same_err_run",
+        "_same_res_ids",
+        "_same_res_run",
+        "_seen_window",
+        "_tokens",
+        "_tokens_at_turn",
+        "_tokens_last_turn",
+        "_topology",
+        "_turn",
+        "_usd",
+    )
+
+    def __init__(
+        self,
+        topology: str | None = None,
+        budget: Budget | None = None,
+        *,
+        seen_window: int = 10_000,
+        ref_window: int = 4096,
+        max_agents: int = 1024,
+    ) -> None:
+        if topology is not None and topology not in _TOPOLOGY_INDEX:
+            raise TraceValidationError(
+                f"unknown topology {topology!r}",
+                [Issue(f"{topology!r} is not one of {', '.join(TOPOLOGIES)}", path="topology")],
+            )
+        self._topology = topology
+        self._budget = budget
+        self._seen_window = max(1, seen_window)
+        self._ref_window = max(1, ref_window)
+        self._max_agents = max(1, max_agents)
+        self._ids: set[str] = set()
+        self._id_order: deque[str] = deque()
+        self._n_events = 0
+        self._turn = 0
+        self._counts = [0] * len(EVENT_TYPES)
+        self._last_t: float | None = None
+        self._last_dt = 0.0
+        self._agents: set[str] = set()
+        self._active_window: deque[str] = deque(maxlen=16)
+        self._pending = 0
+        self._tokens = 0
+        self._usd = 0.0
+        self._tokens_at_turn = 0
+        self._tokens_last_turn = 0
+        self._err_total = 0
+        self._err_consec = 0
+        self._err_window: deque[bool] = deque(maxlen=ERROR_WINDOW)
+        self._err_sum = 0
+        self._ref_counts: OrderedDict[str, int] = OrderedDict()
+        self._refs_recent: deque[str | None] = deque(maxlen=REF_RATIO_WINDOW)
+        self._last_ref: str | None = None
+        self._ident_sig: tuple[str, str, str | None, str | None] | None = None
+        self._ident_run = 0
+        self._ident_max = 0
+        # loop detector: completed (action, result) pairs
+        self._pending_action: Event | None = None
+        self._pairs: deque[tuple[tuple[str, str | None, str | None], str | None, bool]] = deque(maxlen=3)
+        self._same_res_run = 0
+        self._same_res_ids: deque[str] = deque(maxlen=LOOP_ID_WINDOW)
+        self._same_err_run = 0
+        self._same_err_ids: deque[str] = deque(maxlen=LOOP_ID_WINDOW)
+        self._alt_len = 0
+        self._alt_ids: deque[str] = deque(maxlen=LOOP_ID_WINDOW)
+        self._alt_seed: deque[tuple[str, ...]] = deque(maxlen=2)
+        self._abab = False
+        self._mono_run = 0
+        self._mono_agent: str | None = None
+        self._mono_ref: str | None = None
+        self._mono_ids: deque[str] = deque(maxlen=LOOP_ID_WINDOW)
+        # consensus: latest return ref per agent
+        self._agent_ret_ref: dict[str, str] = {}
+        self._consensus_count: dict[str, int] = {}
+        self._consensus_freq: dict[int, int] = {}
+        self._consensus_max = 0
+        # rewards
+        self._primary_channel: str | None = None
+        self._channel_latest: dict[str, float] = {}
+        self._latest: float | None = None
+        self._prev_reward: float | None = None
+        self._best: float | None = None
+        self._best_turn = 0
+        self._best_tokens = 0
+        # structure
+        self._proposals = 0
+        self._last_proposal_turn: int | None = None
+
+    # ------------------------------------------------------------------ folding
+
+    def set_budget(self, budget: Budget | None) -> None:
+        """Set (or clear) the caps the budget-share features are measured against."""
+        self._budget = budget
+
+    def fold_many(self, events: Iterable[Event]) -> int:
+        """Fold events in order; return how many were new (retried ids are skipped).
+
+        The batch is checked first (time order, costs), so a bad batch raises
+        before any of it is folded.
+        """
+        batch = events if isinstance(events, list | tuple) else list(events)
+        last_t = self._last_t
+        for i, event in enumerate(batch):
+            if event.id in self._ids:
+                continue
+            self._check(event, last_t, index=i)
+            last_t = event.t
+        folded = 0
+        for event in batch:
+            folded += self.fold(event)
+        return folded
+
+    def _check(self, event: Event, last_t: float | None, index: int | None = None) -> None:
+        where = f"events[{index}]" if index is not None else f"event {event.id!r}"
+        problems: list[Issue] = []
+        t = event.t
+        if not (t >= 0 and t != math.inf):
+            problems.append(Issue(f"t must be a finite number >= 0, got {t}", path=f"{where}.t"))
+        elif last_t is not None and t < last_t:
+            problems.append(Issue(f"time goes backwards: {t} after {last_t}", path=f"{where}.t"))
+        tok = event.tokens
+        if tok is not None and not (tok >= 0 and tok != math.inf):
+            problems.append(Issue(f"tokens must be >= 0, got {tok}", path=f"{where}.tokens"))
+        usd = event.usd
+        if usd is not None and not (usd >= 0 and usd != math.inf):
+            problems.append(Issue(f"usd must be a finite number >= 0, got {usd}", path=f"{where}.usd"))
+        if problems:
+            raise TraceValidationError(f"event {event.id!r} cannot be folded", problems)
+
+    def fold(self, event: Event) -> bool:
+        """Fold one event; ``False`` (nothing changed) when its id was folded recently."""
+        eid = event.id
+        ids = self._ids
+        if eid in ids:
+            return False
+        t = event.t
+        last_t = self._last_t
+        tok = event.tokens
+        usd = event.usd
+        # validated events pass this in one comparison each; constructed ones are checked
+        if not (t >= 0 and t != math.inf) or (last_t is not None and t < last_t):
+            self._check(event, last_t)
+        if tok is not None and not (tok >= 0 and tok != math.inf):
+            self._check(event, last_t)
+        if usd is not None and not (usd >= 0 and usd != math.inf):
+            self._check(event, last_t)
+
+        ids.add(eid)
+        order = self._id_order
+        order.append(eid)
+        if len(order) > self._seen_window:
+            ids.discard(order.popleft())
+
+        kind = event.type
+        agent = event.agent
+        self._n_events += 1
+        self._counts[_TYPE_INDEX[kind]] += 1
+        self._last_dt = 0.0 if last_t is None else t - last_t
+        self._last_t = t
+        if tok:
+            self._tokens += tok
+        if usd:
+            self._usd += usd
+        agents = self._agents
+        if agent not in agents and len(agents) < self._max_agents:
+            agents.add(agent)
+        self._active_window.append(agent)
+
+        ref = event.content_ref
+        if ref is not None:
+            if len(ref) > MAX_REF_CHARS:
+                ref = _digest(ref)
+            counts = self._ref_counts
+            counts[ref] = counts.get(ref, 0) + 1
+            counts.move_to_end(ref)
+            if len(counts) > self._ref_window:
+                counts.popitem(last=False)
+            self._last_ref = ref
+        self._refs_recent.append(ref)
+
+        tool = event.tool
+        sig = (agent, kind, tool, ref)
+        if ref is not None and sig == self._ident_sig:
+            self._ident_run += 1
+            self._ident_max = max(self._ident_max, self._ident_run)
+        else:
+            self._ident_sig = sig
+            self._ident_run = 1
+            if self._ident_max == 0:
+                self._ident_max = 1
+
+        err = event.error
+        if err is not None or kind == "return":
+            failed = bool(err)
+            window = self._err_window
+            if len(window) == ERROR_WINDOW and window[0]:
+                self._err_sum -= 1
+            window.append(failed)
+            if failed:
+                self._err_sum += 1
+                self._err_consec += 1
+            else:
+                self._err_consec = 0
+        if err:
+            self._err_total += 1
+
+        # monologue: the same message by one agent, nothing in between
+        if kind == "communicate" and ref is not None:
+            if agent == self._mono_agent and ref == self._mono_ref and self._mono_run > 0:
+                self._mono_run += 1
+            else:
+                self._mono_run = 1
+                self._mono_agent = agent
+                self._mono_ref = ref
+                self._mono_ids.clear()
+            self._mono_ids.append(eid)
+        elif self._mono_run:
+            self._mono_run = 0
+            self._mono_agent = None
+
+        if kind == "tool_use":
+            if self._pending_action is not None:
+                self._complete(self._pending_action, None, None, bool(self._pending_action.error))
+            self._pending_action = event
+        elif kind == "return":
+            action = self._pending_action
+            if action is not None:
+                self._pending_action = None
+                self._complete(action, eid, ref, bool(err) or bool(action.error))
+            if self._pending > 0:
+                self._pending -= 1
+            self._consensus_update(agent, ref)
+        elif kind == "delegate":
+            self._pending += 1
+        elif kind == "reward":
+            self._reward(event)
+        elif kind == "stop" and event.proposed:
+            self._proposals += 1
+            self._last_proposal_turn = self._turn + 1
+
+        if kind in DECISION_POINT_TYPES or (kind == "stop" and event.proposed):
+            self._turn += 1
+            self._tokens_last_turn = self._tokens - self._tokens_at_turn
+            self._tokens_at_turn = self._tokens
+        return True
+
+    def _complete(self, action: Event, result_id: str | None, result_ref: str | None, failed: bool) -> None:
+        """Record one finished (action, result) pair and update the loop run lengths."""
+        aref = action.content_ref
+        if aref is not None and len(aref) > MAX_REF_CHARS:
+            aref = _digest(aref)
+        if result_ref is not None and len(result_ref) > MAX_REF_CHARS:
+            result_ref = _digest(result_ref)
+        asig = (action.agent, action.tool, aref)
+        pairs = self._pairs
+        prev = pairs[-1] if pairs else None
+        ids = (action.id,) if result_id is None else (action.id, result_id)
+        # unknown content (no ref) never counts as "the same": false stops cost more
+        known = aref is not None
+        if (
+            known
+            and result_ref is not None
+            and prev is not None
+            and prev[0] == asig
+            and prev[1] == result_ref
+        ):
+            self._same_res_run += 1
+        else:
+            self._same_res_run = 1 if known and result_ref is not None else 0
+            self._same_res_ids.clear()
+        self._same_res_ids.extend(ids)
+        if known and failed and prev is not None and prev[0] == asig and prev[2]:
+            self._same_err_run += 1
+        else:
+            self._same_err_run = 1 if known and failed else 0
+            self._same_err_ids.clear()
+        self._same_err_ids.extend(ids)
+        pair = (asig, result_ref, failed)
+        if (
+            known
+            and len(pairs) >= 2
+            and pair[:2] == pairs[-2][:2]
+            and pair[:2] != pairs[-1][:2]
+            and pairs[-1][0][2] is not None
+        ):
+            if self._alt_len == 0:
+                self._alt_len = 3
+                self._alt_ids.clear()
+                for seed in self._alt_seed:
+                    self._alt_ids.extend(seed)
+            else:
+                self._alt_len += 1
+        else:
+            self._alt_len = 0
+            self._alt_ids.clear()
+        self._alt_ids.extend(ids)
+        self._alt_seed.append(ids)
+        self._abab = self._alt_len >= 4
+        pairs.append(pair)
+
+    def _consensus_update(self, agent: str, ref: str | None) -> None:
+        latest = self._agent_ret_ref
+        old = latest.get(agent)
+        if ref is None or old == ref:
+            return
+        if old is None and len(latest) >= self._max_agents:
+            return
+        count = self._consensus_count
+        freq = self._consensus_freq
+        if old is not None:
+            c = count[old]
+            freq[c] -= 1
+            if c == self._consensus_max and freq[c] == 0:
+                self._consensus_max = c - 1
+            if c == 1:
+                del count[old]
+            else:
+                count[old] = c - 1
+                freq[c - 1] = freq.get(c - 1, 0) + 1
+        c = count.get(ref, 0)
+        if c:
+            freq[c] -= 1
+        count[ref] = c + 1
+        freq[c + 1] = freq.get(c + 1, 0) + 1
+        self._consensus_max = max(self._consensus_max, c + 1)
+        latest[agent] = ref
+
+    def _reward(self, event: Event) -> None:
+        value = event.value
+        if value is None or math.isnan(value):
+            return
+        channel = event.channel or "quality"
+        if self._primary_channel is None:
+            self._primary_channel = channel
+        if channel in self._channel_latest or len(self._channel_latest) < _MAX_CHANNELS:
+            self._channel_latest[channel] = value
+        if channel != self._primary_channel:
+            return
+        self._prev_reward = self._latest
+        self._latest = value
+        if self._best is None or value > self._best:
+            self._best = value
+            self._best_turn = self._turn + 1
+            self._best_tokens = self._tokens
+
+    # ------------------------------------------------------------------ reading
+
+    def features(self) -> npt.NDArray[np.float64]:
+        """The feature vector now, in ``FEATURE_NAMES`` order (a fresh array)."""
+        turn = self._turn
+        per_turn = turn if turn > 0 else 1
+        elapsed = self._last_t or 0.0
+        budget = self._budget
+        if budget is None:
+            shares = [_NAN, _NAN, _NAN, _NAN]
+        else:
+            shares = [
+                _share(turn, budget.max_turns),
+                _share(elapsed, budget.max_seconds),
+                _share(self._tokens, budget.max_tokens),
+                _share(self._usd, budget.max_usd),
+            ]
+        window = self._err_window
+        recent = self._refs_recent
+        n_recent = len(recent)
+        distinct = len({r for r in recent if r is not None})
+        n_agents_ret = len(self._agent_ret_ref)
+        latest = self._latest
+        best = self._best
+        prev = self._prev_reward
+        topo = [0.0] * len(TOPOLOGIES)
+        if self._topology is not None:
+            topo[_TOPOLOGY_INDEX[self._topology]] = 1.0
+        values: list[float] = [
+            elapsed,
+            turn,
+            self._n_events,
+            *self._counts,
+            len(self._agents),
+            len(set(self._active_window)),
+            self._pending,
+            self._last_dt,
+            elapsed / per_turn,
+            self._tokens,
+            self._usd,
+            self._tokens / per_turn,
+            self._usd / per_turn,
+            self._tokens_last_turn,
+            *shares,
+            self._err_total,
+            self._err_consec,
+            self._err_sum / len(window) if window else 0.0,
+            self._ref_counts.get(self._last_ref, 0) if self._last_ref is not None else 0,
+            self._ident_run,
+            self._ident_max,
+            distinct / n_recent if n_recent else 0.0,
+            1.0 if self._abab else 0.0,
+            self._same_res_run,
+            self._same_err_run,
+            self._mono_run,
+            self._alt_len,
+            self._consensus_max / n_agents_ret if n_agents_ret else _NAN,
+            n_agents_ret,
+            _NAN if latest is None else latest,
+            _NAN if best is None else best,
+            _NAN if latest is None or prev is None else latest - prev,
+            _NAN if best is None else turn - self._best_turn,
+            _NAN if best is None else self._tokens - self._best_tokens,
+            *topo,
+            self._proposals,
+            _NAN if self._last_proposal_turn is None else turn - self._last_proposal_turn,
+        ]
+        return np.array(values, dtype=np.float64)
+
+    def feature_dict(self) -> dict[str, float]:
+        """The features by name (for humans and logs)."""
+        return dict(zip(FEATURE_NAMES, self.features().tolist(), strict=True))
+
+    def seen(self, event_id: str) -> bool:
+        """Whether ``event_id`` is among the last ``seen_window`` folded ids."""
+        return event_id in self._ids
+
+    @property
+    def topology(self) -> str | None:
+        """The run's topology, as given."""
+        return self._topology
+
+    @property
+    def budget(self) -> Budget | None:
+        """The caps in force, as given."""
+        return self._budget
+
+    @property
+    def n_events(self) -> int:
+        """Events folded (retries not counted)."""
+        return self._n_events
+
+    @property
+    def turn(self) -> int:
+        """Decision points folded so far."""
+        return self._turn
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the run started (``t`` of the latest event)."""
+        return self._last_t or 0.0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens spent so far."""
+        return self._tokens
+
+    @property
+    def usd(self) -> float:
+        """Money spent so far (USD)."""
+        return self._usd
+
+    @property
+    def latest_reward(self) -> float | None:
+        """Latest reward on the run's primary channel (the first one seen), or ``None``."""
+        return self._latest
+
+    @property
+    def best_reward(self) -> float | None:
+        """Best reward so far on the primary channel, or ``None``."""
+        return self._best
+
+    def latest_reward_on(self, channel: str | None = None) -> float | None:
+        """Latest reward on ``channel`` (``None``: the primary channel)."""
+        if channel is None:
+            return self._latest
+        return self._channel_latest.get(channel)
+
+    # loop detector views (read by stopserve.safety)
+
+    def loop_run(self, pattern: str) -> int:
+        """Current length of a loop pattern (see ``LOOP_PATTERNS``).
+
+        ``repeated_action_observation``: identical (action, result) pairs in a row;
+        ``repeated_action_error``: the same action failing in a row;
+        ``monologue``: the same message by one agent with nothing between;
+        ``alternating_actions``: actions in an A-B-A-B... alternation.
+        """
+        if pattern == "repeated_action_observation":
+            return self._same_res_run
+        if pattern == "repeated_action_error":
+            return self._same_err_run
+        if pattern == "monologue":
+            return self._mono_run
+        if pattern == "alternating_actions":
+            return self._alt_len
+        raise KeyError(pattern)
+
+    def loop_events(self, pattern: str) -> list[str]:
+        """Ids of the latest events (at most 64) in the current run of ``pattern``."""
+        if pattern == "repeated_action_observation":
+            return list(self._same_res_ids) if self._same_res_run else []
+        if pattern == "repeated_action_error":
+            return list(self._same_err_ids) if self._same_err_run else []
+        if pattern == "monologue":
+            return list(self._mono_ids) if self._mono_run else []
+        if pattern == "alternating_actions":
+            return list(self._alt_ids) if self._alt_len else []
+        raise KeyError(pattern)

@@ -231,7 +231,7 @@ class RunInfo(BaseModel):
     last_action: Literal["continue", "stop"] | None
     created_at: float
     last_seen_at: float
-    features: dict[str, float]
+    features: dict[str, float | None] = Field(description="Current features (null: not defined yet).")
 
 
 class ModelInfo(BaseModel):

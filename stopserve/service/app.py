@@ -1,0 +1,332 @@
+"""The FastAPI app: ``create_app(settings)`` and the ``stopserve serve`` command.
+
+Routes only adapt HTTP to :class:`~stopserve.service.engine.Engine`: parse,
+call, serialise. Nothing happens at import time; the model loads in the lifespan.
+Routes are plain ``def`` functions, so they run in the server's thread pool and a
+slow fsync or a model evaluation never blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Annotated, Any
+
+from fastapi import Body, Depends, FastAPI, Path, Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from stopserve import __version__
+from stopserve.api import (
+    BatchDecideRequest,
+    BatchDecideResponse,
+    DecideRequest,
+    DecideResponse,
+    ErrorBody,
+    HealthResponse,
+    ModelInfo,
+    OutcomeRequest,
+    OutcomeResponse,
+    ReadyResponse,
+    ReloadRequest,
+    ReloadResponse,
+    RunInfo,
+    StatelessDecideRequest,
+)
+from stopserve.errors import AuthError
+from stopserve.service.engine import Engine, LogUnavailableError
+from stopserve.service.errors import error_response, install_error_handlers
+from stopserve.service.metrics import CONTENT_TYPE, Metrics
+from stopserve.settings import Settings, load_settings
+
+__all__ = ["create_app", "serve_command"]
+
+_log = logging.getLogger("stopserve.service")
+
+RUN_ID_PATTERN = r"^[A-Za-z0-9._:@+-]{1,256}$"
+
+RunId = Annotated[
+    str,
+    Path(
+        pattern=RUN_ID_PATTERN,
+        description="The run's id (letters, digits, . _ : @ + -; at most 256); it becomes the trace_id.",
+        examples=["run-42"],
+    ),
+]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in (
+        (401, "Missing or wrong admin token"),
+        (404, "Unknown run or model directory"),
+        (409, "Run closed or in conflict"),
+        (413, "Body or events over a limit"),
+        (422, "Invalid request: each issue names the field"),
+        (503, "Decision log unavailable"),
+    )
+}
+
+_bearer = HTTPBearer(auto_error=False, description="STOPSERVE_ADMIN_TOKEN")
+
+
+class _BodyLimit:
+    """Refuse request bodies above ``max_bytes`` (declared or streamed) with a 413."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_bytes
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared > limit:
+                    response = error_response(
+                        413, "payload_too_large", f"request body of {declared} bytes exceeds {limit} bytes"
+                    )
+                    await response(scope, receive, send)
+                    return
+        seen = 0
+
+        async def limited() -> MutableMapping[str, Any]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise StarletteHTTPException(413, f"request body exceeds {limit} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def _engine(request: Request) -> Engine:
+    engine: Engine = request.app.state.engine
+    return engine
+
+
+EngineDep = Annotated[Engine, Depends(_engine)]
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service app; the model loads and the logs open when it starts."""
+    settings = settings if settings is not None else Settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = Engine(settings, Metrics())
+        await asyncio.to_thread(engine.start)
+        app.state.engine = engine
+
+        async def ticker() -> None:
+            period = min(settings.fsync_interval_s, 5.0)
+            while True:
+                await asyncio.sleep(period)
+                await asyncio.to_thread(engine.tick)
+
+        task = asyncio.create_task(ticker())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            engine.close()
+
+    app = FastAPI(
+        title="stopserve",
+        version=__version__,
+        summary="Continue or stop? Learned stop decisions for multi-agent LLM runs, with safety nets.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+
+    async def log_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(503, "log_unavailable", str(exc))
+
+    app.add_exception_handler(LogUnavailableError, log_unavailable)
+    if settings.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"]
+        )
+    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
+
+    @app.post(
+        "/v1/runs/{run_id}/decide",
+        response_model=DecideResponse,
+        responses=_ERRORS,
+        tags=["decide"],
+        summary="Continue or stop this run? (the first call creates it)",
+    )
+    def decide(run_id: RunId, body: DecideRequest, engine: EngineDep) -> DecideResponse:
+        """Send the events since the last call; events already seen are ignored (safe retries)."""
+        return engine.decide(run_id, body)
+
+    @app.post(
+        "/v1/decide",
+        response_model=DecideResponse,
+        responses=_ERRORS,
+        tags=["decide"],
+        summary="Stateless: decide on a whole trace prefix",
+    )
+    def decide_stateless(body: StatelessDecideRequest, engine: EngineDep) -> DecideResponse:
+        """For callers that keep their own state; nothing is stored but the decision log line."""
+        return engine.decide_stateless(body)
+
+    @app.post(
+        "/v1/decide:batch",
+        response_model=BatchDecideResponse,
+        responses=_ERRORS,
+        tags=["decide"],
+        summary="Decide for many runs in one request",
+    )
+    def decide_batch(body: BatchDecideRequest, engine: EngineDep) -> BatchDecideResponse:
+        """Answers come in request order; a run's own error is reported in its slot."""
+        return engine.decide_batch(body)
+
+    @app.post(
+        "/v1/runs/{run_id}/outcome",
+        response_model=OutcomeResponse,
+        responses=_ERRORS,
+        tags=["runs"],
+        summary="Post the final rewards: closes the run and logs its trace",
+    )
+    def outcome(run_id: RunId, body: OutcomeRequest, engine: EngineDep) -> OutcomeResponse:
+        """The complete trace (events, decisions, outcome) goes to ``traces.jsonl``, format v1."""
+        return engine.outcome(run_id, body)
+
+    @app.get("/v1/runs/{run_id}", response_model=RunInfo, responses=_ERRORS, tags=["runs"])
+    def get_run(run_id: RunId, engine: EngineDep) -> RunInfo:
+        """State and current features of a live run (for debugging)."""
+        return engine.run_info(run_id)
+
+    @app.delete("/v1/runs/{run_id}", status_code=204, responses=_ERRORS, tags=["runs"])
+    def delete_run(run_id: RunId, engine: EngineDep) -> Response:
+        """Forget a live run without logging its trace."""
+        engine.delete(run_id)
+        return Response(status_code=204)
+
+    @app.get("/v1/model", response_model=ModelInfo, tags=["model"])
+    def model(engine: EngineDep) -> ModelInfo:
+        """The model served: kind, version, manifest and model card."""
+        return engine.model_info()
+
+    @app.post("/v1/admin/reload", response_model=ReloadResponse, responses=_ERRORS, tags=["admin"])
+    def reload(
+        engine: EngineDep,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+        body: Annotated[ReloadRequest | None, Body()] = None,
+    ) -> ReloadResponse:
+        """Load a model and swap it in atomically; a model failing its checks is refused."""
+        _authorize(settings, credentials)
+        return engine.reload(body.model_dir if body is not None else None)
+
+    @app.get("/healthz", response_model=HealthResponse, tags=["health"])
+    def healthz() -> HealthResponse:
+        """Liveness: the process answers."""
+        return HealthResponse()
+
+    @app.get(
+        "/readyz", response_model=ReadyResponse, responses={503: {"model": ReadyResponse}}, tags=["health"]
+    )
+    def readyz(engine: EngineDep) -> JSONResponse:
+        """Readiness; says when only the safety nets decide."""
+        state = engine.ready()
+        return JSONResponse(state.model_dump(mode="json"), status_code=200 if state.ready else 503)
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    def metrics(engine: EngineDep) -> Response:
+        """Prometheus metrics."""
+        engine.metrics.live_runs.set(len(engine.store))
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def _authorize(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> None:
+    token = settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
+    if not token:
+        raise AuthError("admin endpoints are disabled: set STOPSERVE_ADMIN_TOKEN to enable them")
+    given = credentials.credentials if credentials is not None else ""
+    if not hmac.compare_digest(given.encode("utf-8"), token.encode("utf-8")):
+        raise AuthError("missing or wrong bearer token")
+
+
+def _app_from_env() -> FastAPI:
+    """App factory for ``--workers N`` (each worker reads the STOPSERVE_ environment)."""
+    return create_app(load_settings())
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """``stopserve serve``: options override STOPSERVE_ settings; runs uvicorn."""
+    import uvicorn
+
+    from stopserve.policy import Policy
+
+    overrides: dict[str, Any] = {
+        "model_dir": getattr(args, "model", None),
+        "host": getattr(args, "host", None),
+        "port": getattr(args, "port", None),
+        "log_dir": getattr(args, "log_dir", None),
+        "workers": getattr(args, "workers", None),
+    }
+    if getattr(args, "no_model", False):
+        overrides["no_model"] = True
+    settings = load_settings(**overrides)
+    path = settings.resolved_model_dir()
+    # check the model now, so a bad one is a one-line CLI error rather than a worker traceback
+    if path is not None:
+        if not path.exists():
+            from stopserve.errors import ModelNotFoundError
+
+            raise ModelNotFoundError(f"{path}: no such model directory")
+        Policy.load(path)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    print(
+        f"stopserve {__version__}: serving {'model ' + str(path) if path else 'safety nets only (no model)'} "
+        f"on http://{settings.host}:{settings.port}",
+        flush=True,
+    )
+    if settings.workers > 1:
+        # each worker builds its own app from the environment: pass the overrides on through it
+        for key, value in overrides.items():
+            if value is not None:
+                os.environ[f"STOPSERVE_{key.upper()}"] = str(value)
+        _log.warning(
+            "%d workers: each keeps its own runs; route a run's calls to one worker", settings.workers
+        )
+        uvicorn.run(
+            "stopserve.service.app:_app_from_env",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_level=settings.log_level,
+        )
+    else:
+        uvicorn.run(
+            create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level
+        )
+    return 0

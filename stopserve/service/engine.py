@@ -1,0 +1,619 @@
+"""The service core the routes call: runs, decisions, logging, model swaps.
+
+Routes only parse and serialise; everything here is plain Python (no FastAPI),
+so it is tested and reasoned about without HTTP. The decision itself is
+:meth:`stopserve.policy.Policy.decide` over a :class:`stopserve.features.RunState`.
+
+Concurrency: calls run in the server's thread pool. One lock per run serialises
+calls for the same run; different runs proceed in parallel. The model is one
+reference swapped atomically by a reload; a decision reads it once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from stopserve.api import (
+    BatchDecideRequest,
+    BatchDecideResponse,
+    BatchResult,
+    DecideRequest,
+    DecideResponse,
+    ModelInfo,
+    OutcomeRequest,
+    OutcomeResponse,
+    ReadyResponse,
+    ReloadResponse,
+    RunInfo,
+    StatelessDecideRequest,
+)
+from stopserve.errors import (
+    ConfigError,
+    Issue,
+    ModelIntegrityError,
+    ModelNotFoundError,
+    RunClosedError,
+    RunLimitError,
+    RunNotFoundError,
+    StopServeError,
+    TraceValidationError,
+)
+from stopserve.features import FEATURE_NAMES, RunState
+from stopserve.policy import Policy, StopDecision
+from stopserve.safety import SafetyConfig
+from stopserve.service.log import DecisionLog
+from stopserve.service.metrics import Metrics
+from stopserve.service.store import EvictionCause, MemoryRunStore, Run
+from stopserve.settings import Settings
+from stopserve.trace import Event, Stop, check_trace
+
+__all__ = ["Engine", "LogUnavailableError", "Serving"]
+
+_log = logging.getLogger("stopserve.service")
+
+_MAX_CARD_BYTES = 64 * 1024
+_SAFETY_CACHE = 64
+
+
+class LogUnavailableError(Exception):
+    """The decision log cannot be written: the decision is not answered (503)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """The model being served; replaced whole by a reload."""
+
+    policy: Policy
+    path: Path | None
+    loaded_at: float
+    model_card: str | None
+
+
+class Engine:
+    """Runs, decisions and logs of one service process."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.store = MemoryRunStore(
+            max_runs=settings.max_runs, ttl_s=settings.run_ttl_s, on_evict=self._evicted
+        )
+        self.log: DecisionLog | None = None
+        self.log_ok = True
+        self._serving: Serving | None = None
+        self._reload_lock = threading.Lock()
+        self._create_lock = threading.Lock()
+        self._closed: OrderedDict[str, None] = OrderedDict()
+        self._rng = random.Random(settings.seed)
+        self._default_safety = self._parse_safety(settings.safety, "STOPSERVE_SAFETY")
+        self._safety_cache: OrderedDict[bytes, SafetyConfig] = OrderedDict()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Open the logs and load the model (refuses to start on a bad model)."""
+        s = self.settings
+        if s.log_dir is not None and str(s.log_dir):
+            self.log = DecisionLog(
+                s.log_dir, fsync=s.fsync, fsync_interval_s=s.fsync_interval_s, max_bytes=s.log_max_bytes
+            )
+        path = self.settings.resolved_model_dir()
+        self._serving = self._load(path)
+        self.metrics.set_model(self._serving.policy.model_version, self._serving.policy.kind)
+        if path is None:
+            _log.warning("no model: serving on safety nets alone")
+
+    def tick(self) -> None:
+        """Periodic work: expire idle runs, fsync the logs on the interval."""
+        self.store.sweep()
+        self.metrics.live_runs.set(len(self.store))
+        if self.log is not None:
+            try:
+                self.log.sync()
+            except OSError as exc:
+                self.log_ok = False
+                _log.error("log sync failed: %s", exc)
+
+    def close(self) -> None:
+        """Flush and close the logs."""
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+    @property
+    def serving(self) -> Serving:
+        """The model being served."""
+        if self._serving is None:
+            raise RuntimeError("engine not started")
+        return self._serving
+
+    def _load(self, path: Path | None) -> Serving:
+        if path is None:
+            policy = Policy.safety_only(self._default_safety)
+            return Serving(policy, None, time.time(), None)
+        if not path.exists():
+            raise ModelNotFoundError(f"{path}: no such model directory")
+        policy = Policy.load(path)
+        names = policy.manifest.get("feature_names")
+        if names is not None and list(names) != list(FEATURE_NAMES):
+            raise ModelIntegrityError(f"{path}/manifest.json: feature_names differ from this featurizer's")
+        card = path / "MODEL_CARD.md"
+        text = card.read_bytes()[:_MAX_CARD_BYTES].decode("utf-8", "replace") if card.is_file() else None
+        return Serving(policy, path, time.time(), text)
+
+    def reload(self, model_dir: str | None) -> ReloadResponse:
+        """Load a model and swap it in; on any failure the old one keeps serving."""
+        with self._reload_lock:
+            old = self.serving
+            path = Path(model_dir) if model_dir else (self.settings.resolved_model_dir() or old.path)
+            if path is None:
+                self.metrics.reloads.labels(result="refused").inc()
+                raise ModelNotFoundError("no model directory configured: give 'model_dir'")
+            try:
+                new = self._load(path)
+            except StopServeError:
+                self.metrics.reloads.labels(result="refused").inc()
+                raise
+            self._serving = new
+            self.metrics.set_model(new.policy.model_version, new.policy.kind)
+            self.metrics.reloads.labels(result="ok").inc()
+            _log.info("reloaded model %s -> %s", old.policy.model_version, new.policy.model_version)
+            return ReloadResponse(
+                previous_version=old.policy.model_version,
+                model_version=new.policy.model_version,
+                kind=new.policy.kind,
+                path=str(path),
+            )
+
+    # ------------------------------------------------------------------ decisions
+
+    def decide(self, run_id: str, req: DecideRequest) -> DecideResponse:
+        """Fold the new events of ``run_id`` (creating it on the first call) and decide."""
+        start = time.perf_counter()
+        self._check_request(req.events)
+        run = self._get_or_create(run_id, req)
+        with run.lock:
+            if run_id in self._closed:
+                raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted")
+            new, ignored = self._accept(run, req.events)
+            if req.events and not new and run.last_response is not None:
+                # a retry of a call already answered: the same answer, nothing logged twice
+                cached = dict(run.last_response, events_accepted=0, events_ignored=ignored)
+                return DecideResponse.model_validate(cached)
+            if req.budget is not None:
+                run.budget = req.budget
+                run.state.set_budget(req.budget)
+            if req.lam is not None:
+                run.lam = req.lam
+            if req.safety is not None:
+                run.safety = self._safety(req.safety)
+            policy = self.serving.policy
+            decision = self._decide(policy, run.state, run.lam, run.safety, req.proposed_stop)
+            response = self._respond(run_id, decision, len(new), ignored)
+            record = self._record(run_id, decision, run, req.proposed_stop)
+            if run.events:
+                run.decisions[len(run.events) - 1] = _trace_decision(decision)
+            run.n_decisions += 1
+            run.last_response = None
+            self._write_decision(record)
+            run.last_response = response.model_dump()
+        self._observe(decision, start)
+        return response
+
+    def decide_stateless(self, req: StatelessDecideRequest) -> DecideResponse:
+        """Decide on a whole trace prefix; nothing is stored but the log line."""
+        start = time.perf_counter()
+        self._check_request(req.events)
+        ids: set[str] = set()
+        for i, event in enumerate(req.events):
+            if event.id in ids:
+                raise TraceValidationError(
+                    "duplicate event id", [Issue(f"duplicate event id {event.id!r}", path=f"events[{i}].id")]
+                )
+            ids.add(event.id)
+        state = self._new_state(req.topology, req)
+        state.fold_many(req.events)
+        safety = self._safety(req.safety) if req.safety is not None else None
+        lam = req.lam
+        decision = self._decide(self.serving.policy, state, lam, safety, req.proposed_stop)
+        response = self._respond(req.run_id, decision, len(req.events), 0)
+        record = {
+            "kind": "decision",
+            "ts": time.time(),
+            "run_id": req.run_id,
+            "stateless": True,
+            "event_id": req.events[-1].id,
+            "n_events": state.n_events,
+            **_decision_fields(decision),
+            "lambda": lam,
+            "proposed_stop": req.proposed_stop,
+        }
+        self._write_decision(record)
+        self._observe(decision, start)
+        return response
+
+    def decide_batch(self, req: BatchDecideRequest) -> BatchDecideResponse:
+        """Decide for many runs; one run's error does not fail the others."""
+        if len(req.runs) > self.settings.max_batch_runs:
+            raise RunLimitError(
+                f"too many runs in one batch: {len(req.runs)} > {self.settings.max_batch_runs}",
+                [Issue(f"at most {self.settings.max_batch_runs} runs per batch", path="runs")],
+            )
+        from stopserve.service.errors import error_detail  # FastAPI-free helper, imported lazily
+
+        total = sum(len(item.events) for item in req.runs)
+        if total > self.settings.max_events_per_request:
+            raise RunLimitError(
+                f"too many events in one request: {total} > {self.settings.max_events_per_request}",
+                [Issue(f"at most {self.settings.max_events_per_request} events per request", path="runs")],
+            )
+        results: list[BatchResult] = []
+        for i, item in enumerate(req.runs):
+            sub = DecideRequest.model_validate(item.model_dump(by_alias=True, exclude={"run_id"}))
+            try:
+                results.append(BatchResult(run_id=item.run_id, decision=self.decide(item.run_id, sub)))
+            except StopServeError as exc:
+                detail = error_detail(exc)
+                for issue in detail.issues:
+                    issue.field = f"runs[{i}].{issue.field}" if issue.field else f"runs[{i}]"
+                results.append(BatchResult(run_id=item.run_id, error=detail))
+        return BatchDecideResponse(results=results)
+
+    def _decide(
+        self,
+        policy: Policy,
+        state: RunState,
+        lam: float | None,
+        safety: SafetyConfig | None,
+        proposed_stop: bool,
+    ) -> StopDecision:
+        lam = lam if lam is not None else self.settings.lam
+        return policy.decide(
+            state,
+            lam=lam,
+            safety=safety if safety is not None else self._default_safety,
+            proposed_stop=proposed_stop,
+            epsilon=self.settings.epsilon,
+            rng=self._rng,
+        )
+
+    def _observe(self, decision: StopDecision, start: float) -> None:
+        self.metrics.latency.observe(time.perf_counter() - start)
+        self.metrics.decisions.labels(
+            action=decision.action, reason=decision.reason or "none", safety_net=decision.safety_net or "none"
+        ).inc()
+
+    def _write_decision(self, record: dict[str, Any]) -> None:
+        if self.log is None:
+            return
+        try:
+            self.log.decision(record)
+            self.log_ok = True
+        except OSError as exc:
+            self.log_ok = False
+            self.metrics.log_errors.inc()
+            _log.error("decision log write failed: %s", exc)
+            raise LogUnavailableError(f"the decision log cannot be written: {exc.strerror or exc}") from None
+
+    # ------------------------------------------------------------------ runs
+
+    def _check_request(self, events: Sequence[Event]) -> None:
+        limit = self.settings.max_events_per_request
+        if len(events) > limit:
+            raise RunLimitError(
+                f"too many events in one request: {len(events)} > {limit}",
+                [Issue(f"at most {limit} events per request; send them in several calls", path="events")],
+            )
+
+    def _new_state(self, topology: str | None, req: DecideRequest | StatelessDecideRequest) -> RunState:
+        return RunState(topology=topology, budget=req.budget)
+
+    def _get_or_create(self, run_id: str, req: DecideRequest) -> Run:
+        if run_id in self._closed:
+            raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted; use a new run id")
+        run = self.store.get(run_id)
+        if run is not None:
+            return run
+        with self._create_lock:
+            run = self.store.get(run_id)
+            if run is None:
+                now = self.store.now()
+                run = Run(
+                    run_id=run_id,
+                    task_id=req.task_id or run_id,
+                    state=self._new_state(req.topology, req),
+                    created_at=now,
+                    last_seen_at=now,
+                    topology=req.topology,
+                    system=req.system,
+                    budget=req.budget,
+                    lam=req.lam,
+                    safety=self._safety(req.safety) if req.safety is not None else None,
+                )
+                self.store.add(run)
+                self.metrics.live_runs.set(len(self.store))
+        return run
+
+    def _accept(self, run: Run, events: Sequence[Event]) -> tuple[list[Event], int]:
+        """Fold the events not seen before; all-or-nothing on a bad one."""
+        new: list[Event] = []
+        batch_ids: set[str] = set()
+        last_t = run.last_t if run.events else None
+        for i, event in enumerate(events):
+            if event.id in run.event_ids or event.id in batch_ids:
+                continue
+            if last_t is not None and event.t < last_t:
+                raise TraceValidationError(
+                    f"run {run.run_id!r}: events out of time order",
+                    [Issue(f"time goes backwards: {event.t} after {last_t}", path=f"events[{i}].t")],
+                )
+            last_t = event.t
+            batch_ids.add(event.id)
+            new.append(event)
+        limit = self.settings.max_events_per_run
+        if len(run.events) + len(new) > limit:
+            raise RunLimitError(
+                f"run {run.run_id!r} would exceed {limit} events",
+                [Issue(f"at most {limit} events per run (STOPSERVE_MAX_EVENTS_PER_RUN)", path="events")],
+            )
+        run.state.fold_many(new)
+        for event in new:
+            data = event.dump()
+            data.pop("decision", None)  # the service writes its own decisions
+            run.events.append(orjson.dumps(data))
+            run.event_ids.add(event.id)
+            run.last_t = event.t
+        return new, len(events) - len(new)
+
+    def _respond(self, run_id: str | None, d: StopDecision, accepted: int, ignored: int) -> DecideResponse:
+        return DecideResponse.model_validate(
+            {"run_id": run_id, **_decision_fields(d), "events_accepted": accepted, "events_ignored": ignored}
+        )
+
+    def _record(self, run_id: str, d: StopDecision, run: Run, proposed: bool) -> dict[str, Any]:
+        return {
+            "kind": "decision",
+            "ts": time.time(),
+            "run_id": run_id,
+            "seq": run.n_decisions,
+            "event_id": orjson.loads(run.events[-1])["id"] if run.events else None,
+            "n_events": len(run.events),
+            **_decision_fields(d),
+            "lambda": run.lam if run.lam is not None else self.settings.lam,
+            "proposed_stop": proposed,
+        }
+
+    def _lookup(self, run_id: str) -> Run:
+        if run_id in self._closed:
+            raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted")
+        run = self.store.get(run_id)
+        if run is None:
+            raise RunNotFoundError(
+                f"no live run {run_id!r}: never created, deleted, "
+                "or dropped by the run store (LRU or idle TTL)"
+            )
+        return run
+
+    def outcome(self, run_id: str, req: OutcomeRequest) -> OutcomeResponse:
+        """Close the run and append its whole trace (format v1) to the trace log."""
+        self._check_request(req.events)
+        run = self._lookup(run_id)
+        with run.lock:
+            if run_id in self._closed:
+                raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted")
+            self._accept(run, req.events)
+            trace = self._trace(run, req)
+            if self.log is not None:
+                try:
+                    self.log.trace(trace)
+                except OSError as exc:
+                    self.metrics.log_errors.inc()
+                    self.log_ok = False
+                    raise LogUnavailableError(
+                        f"the trace log cannot be written: {exc.strerror or exc}"
+                    ) from None
+            self._close(run_id)
+        self.metrics.outcomes.inc()
+        return OutcomeResponse(
+            run_id=run_id,
+            trace_id=run_id,
+            n_events=len(run.events),
+            n_decisions=len(run.decisions),
+            trace_log=str(self.log.traces.path) if self.log is not None else None,
+        )
+
+    def _trace(self, run: Run, req: OutcomeRequest) -> dict[str, Any]:
+        events = []
+        for i, raw in enumerate(run.events):
+            data = orjson.loads(raw)
+            decision = run.decisions.get(i)
+            if decision is not None:
+                data["decision"] = decision
+            events.append(data)
+        stop = req.stop
+        last = run.last_response
+        if stop is None and last is not None and last["action"] == "stop":
+            stop = Stop(
+                reason=last["reason"] or "unknown",
+                by="safety_net" if last["safety_net"] else "service",
+                t=run.last_t,
+                limit=last["limit"],
+            )
+        trace: dict[str, Any] = {
+            "format": "stopserve.trace/1",
+            "trace_id": run.run_id,
+            "task_id": run.task_id,
+            "events": events,
+            "rewards": req.rewards,
+        }
+        for key, value in (
+            ("system", run.system),
+            ("topology", run.topology),
+            ("stop", stop.model_dump(by_alias=True, exclude_none=True, mode="json") if stop else None),
+            ("budget", run.budget.model_dump(exclude_none=True, mode="json") if run.budget else None),
+        ):
+            if value is not None:
+                trace[key] = value
+        if req.costs:
+            trace["costs"] = req.costs
+        metrics = dict(req.metrics)
+        metrics.setdefault("service_decisions", float(run.n_decisions))
+        trace["metrics"] = metrics
+        checked, issues = check_trace(trace)
+        if checked is None:
+            if not events:
+                issues = [Issue("a run with no events cannot be logged as a trace", path="events")]
+            raise TraceValidationError(f"run {run.run_id!r}: the trace cannot be logged", issues)
+        return trace
+
+    def _close(self, run_id: str) -> None:
+        self.store.pop(run_id)
+        self._closed[run_id] = None
+        while len(self._closed) > self.settings.max_runs:
+            self._closed.popitem(last=False)
+        self.metrics.live_runs.set(len(self.store))
+
+    def delete(self, run_id: str) -> None:
+        """Drop a live run without logging a trace."""
+        run = self._lookup(run_id)
+        with run.lock:
+            self.store.pop(run_id)
+        self.metrics.live_runs.set(len(self.store))
+
+    def run_info(self, run_id: str) -> RunInfo:
+        """State and current features of a live run."""
+        run = self._lookup(run_id)
+        with run.lock:
+            state = run.state
+            values = state.features()
+            features = {
+                name: (float(v) if math.isfinite(float(v)) else None)
+                for name, v in zip(FEATURE_NAMES, values, strict=True)
+            }
+            return RunInfo(
+                run_id=run.run_id,
+                task_id=run.task_id,
+                topology=run.topology,
+                n_events=len(run.events),
+                turn=state.turn,
+                elapsed=state.elapsed,
+                tokens=float(state.tokens),
+                usd=float(state.usd),
+                n_decisions=run.n_decisions,
+                last_action=run.last_response["action"] if run.last_response else None,
+                created_at=run.created_at,
+                last_seen_at=run.last_seen_at,
+                features=features,
+            )
+
+    def _evicted(self, run: Run, cause: EvictionCause) -> None:
+        self.metrics.evictions.labels(cause=cause).inc()
+
+    # ------------------------------------------------------------------ model / health
+
+    def model_info(self) -> ModelInfo:
+        """Summary of the model served."""
+        s = self.serving
+        p = s.policy
+        return ModelInfo(
+            kind=p.kind,
+            model_version=p.model_version,
+            default_lambda=p.default_lambda,
+            path=str(s.path) if s.path else None,
+            safety_only=p.kind == "none",
+            feature_names=list(FEATURE_NAMES),
+            safety=p.safety.model_dump(mode="json"),
+            manifest=p.manifest,
+            model_card=s.model_card,
+            loaded_at=s.loaded_at,
+        )
+
+    def ready(self) -> ReadyResponse:
+        """Readiness: a policy is loaded and the log writes."""
+        s = self._serving
+        return ReadyResponse(
+            ready=s is not None and self.log_ok,
+            model_version=s.policy.model_version if s else None,
+            kind=s.policy.kind if s else "none",
+            safety_only=s is None or s.policy.kind == "none",
+            live_runs=len(self.store),
+            log_ok=self.log_ok,
+        )
+
+    # ------------------------------------------------------------------ safety configs
+
+    def _safety(self, raw: dict[str, Any]) -> SafetyConfig:
+        key = orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)
+        cached = self._safety_cache.get(key)
+        if cached is not None:
+            return cached
+        cfg = self._parse_safety(raw, "safety")
+        assert cfg is not None
+        self._safety_cache[key] = cfg
+        while len(self._safety_cache) > _SAFETY_CACHE:
+            self._safety_cache.popitem(last=False)
+        return cfg
+
+    @staticmethod
+    def _parse_safety(raw: dict[str, Any] | None, where: str) -> SafetyConfig | None:
+        if raw is None:
+            return None
+        try:
+            return SafetyConfig.model_validate(raw)
+        except ValidationError as exc:
+            issues = [
+                Issue(
+                    str(err.get("msg", "invalid")).removeprefix("Value error, "),
+                    path=".".join([where, *(str(p) for p in err["loc"])]),
+                )
+                for err in exc.errors()
+            ]
+            raise ConfigError(f"invalid safety config in {where!r}", issues) from None
+
+
+def _decision_fields(d: StopDecision) -> dict[str, Any]:
+    return {
+        "action": d.action,
+        "reason": d.reason,
+        "v_stop": _finite(d.v_stop),
+        "q_continue": _finite(d.q_continue),
+        "q_stop": _finite(d.q_stop),
+        "cost_to_go": _finite(d.cost_to_go),
+        "turn": d.turn,
+        "safety_net": d.safety_net,
+        "limit": d.limit,
+        "pattern": d.pattern,
+        "finalize": d.finalize,
+        "model_version": d.model_version,
+        "propensity": d.propensity,
+        "degraded": d.degraded,
+    }
+
+
+def _trace_decision(d: StopDecision) -> dict[str, Any]:
+    out: dict[str, Any] = {"action": d.action, "propensity": d.propensity}
+    if d.reason is not None:
+        out["reason"] = d.reason
+    if _finite(d.v_stop) is not None:
+        out["v_stop"] = d.v_stop
+    if d.model_version is not None:
+        out["model_version"] = d.model_version
+    if d.safety_net is not None:
+        out["safety_net"] = d.safety_net
+    return out
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)

@@ -1,0 +1,50 @@
+"""Prometheus metrics of one app (its own registry, so several apps can coexist in tests)."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """Decisions by action and reason, decide latency, live runs, evictions, model, log errors."""
+
+    def __init__(self) -> None:
+        disable_created_metrics()  # the *_created series only double the scrape size
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter(
+            "stopserve_decisions", "Decisions answered", ["action", "reason", "safety_net"], registry=r
+        )
+        self.latency = Histogram(
+            "stopserve_decide_seconds", "Time to decide, log included", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.live_runs = Gauge("stopserve_live_runs", "Runs in the run store", registry=r)
+        self.evictions = Counter("stopserve_evictions", "Runs dropped by the store", ["cause"], registry=r)
+        self.model = Gauge(
+            "stopserve_model_info", "The model served (value 1)", ["version", "kind"], registry=r
+        )
+        self.log_errors = Counter("stopserve_log_write_errors", "Log lines that failed to write", registry=r)
+        self.reloads = Counter("stopserve_reloads", "Admin reloads by result", ["result"], registry=r)
+        self.outcomes = Counter("stopserve_outcomes", "Runs closed with an outcome", registry=r)
+
+    def set_model(self, version: str | None, kind: str) -> None:
+        """Point the model gauge at the model now served."""
+        self.model.clear()
+        self.model.labels(version=version or "none", kind=kind).set(1)
+
+    def render(self) -> bytes:
+        """The exposition text."""
+        return generate_latest(self.registry)

@@ -3,36 +3,130 @@
 from __future__ import annotations
 
 import argparse
+import collections
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
-from stopserve.trace import scan
+from stopserve.errors import ImporterError, TraceFormatError
+from stopserve.trace import TraceWriter, scan
 
-__all__ = ["validate"]
+__all__ = ["import_traces", "validate"]
+
+#: skipped sources listed one by one before the rest are only counted
+_SHOW_SKIPS = 20
 
 
 def validate(args: argparse.Namespace) -> int:
-    """List every problem in every file; exit 0 when all traces are valid, else 1."""
-    n_traces = n_bad = n_issues = 0
+    """List every problem in every file, then one summary line; exit 0 when all valid, else 1.
+
+    Problems go to stdout, one a line (``file:line: trace 'id': field: message``);
+    the summary is the last line.
+    """
+    n_valid = n_invalid = n_unreadable = n_issues = 0
     shown = 0
     for path in args.files:
-        for record in scan(path, strict=args.strict):
-            n_traces += record.trace is not None or bool(record.issues)
-            if not record.issues:
-                continue
-            n_bad += 1
-            n_issues += len(record.issues)
-            for issue in record.issues:
-                if shown < args.max_errors:
-                    print(issue)
-                    shown += 1
+        try:
+            for record in scan(path, strict=args.strict):
+                if record.trace is not None:
+                    n_valid += 1
+                    continue
+                if record.readable:
+                    n_invalid += 1
+                else:
+                    n_unreadable += 1
+                n_issues += len(record.issues)
+                for issue in record.issues:
+                    if shown < args.max_errors:
+                        print(issue)
+                        shown += 1
+        except TraceFormatError as exc:  # cannot open: report it like any other problem
+            n_unreadable += 1
+            n_issues += 1
+            if shown < args.max_errors:
+                print(exc)
+                shown += 1
     if shown < n_issues:
         print(f"... {n_issues - shown} more problems not shown (--max-errors {args.max_errors})")
     files = len(args.files)
-    if n_bad:
-        print(
-            f"{n_bad} of {n_traces} traces invalid ({n_issues} problems) in {files} file(s)",
-            file=sys.stderr,
-        )
+    total = n_valid + n_invalid
+    if n_invalid or n_unreadable:
+        parts = [f"{n_invalid} of {total} traces invalid"]
+        if n_unreadable:
+            parts.append(f"{n_unreadable} unreadable input(s)")
+        print(f"invalid: {', '.join(parts)} ({n_issues} problems) in {files} file(s)")
         return 1
-    print(f"all {n_traces} traces valid in {files} file(s)", file=sys.stderr)
+    print(f"valid: all {total} traces in {files} file(s)")
     return 0
+
+
+def import_traces(args: argparse.Namespace) -> int:
+    """Convert foreign traces to format v1 JSON Lines; say how many were written and skipped.
+
+    Exit 0 when everything converted, 1 when some sources were skipped (the rest is
+    written), 2 when nothing could be read.
+    """
+    from tqdm import tqdm
+
+    from stopserve.importers import IMPORTERS
+
+    options: dict[str, Any] = {}
+    if args.format == "mini-swe-agent":
+        options.update(results=args.results, reports=args.reports)
+    elif args.results or args.reports:
+        raise ImporterError("--results and --reports apply to mini-swe-agent only")
+    if args.format == "openai-chat":
+        if args.reward is not None:
+            options["reward"] = args.reward
+    elif args.reward is not None:
+        raise ImporterError("--reward applies to openai-chat only")
+
+    skipped: list[ImporterError] = []
+    out = Path(args.output)
+    tmp = out.with_name(f".{out.name}.part")  # never leave a half-written OUT behind
+    reader = IMPORTERS[args.format](args.sources, on_error=skipped.append, **options)
+    try:
+        with TraceWriter(tmp) as writer:
+            bar = tqdm(
+                reader,
+                desc=f"import {args.format}",
+                unit=" traces",
+                file=sys.stderr,
+                disable=True if args.no_progress else None,  # None: only on a terminal
+                delay=1.0,  # small inputs finish before a bar appears
+            )
+            for trace in bar:
+                writer.write(trace)
+            count = writer.count
+        if count == 0:
+            tmp.unlink(missing_ok=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+    for err in skipped[:_SHOW_SKIPS]:
+        print(f"skipped: {err}", file=sys.stderr)
+    if len(skipped) > _SHOW_SKIPS:
+        print(f"skipped: ... and {len(skipped) - _SHOW_SKIPS} more", file=sys.stderr)
+    summary = f"imported {count} traces to {out}"
+    if skipped:
+        reasons = collections.Counter(_reason(err) for err in skipped)
+        why = "; ".join(f"{n}x {reason}" for reason, n in reasons.most_common(5))
+        summary += f"; skipped {len(skipped)} ({why})"
+    else:
+        summary += "; skipped 0"
+    print(summary)
+    if count == 0:
+        print(f"stopserve import: error: nothing imported; {out} not written", file=sys.stderr)
+        return 2
+    return 1 if skipped else 0
+
+
+def _reason(err: ImporterError) -> str:
+    # the message without its location, so equal causes group together
+    if err.issues:
+        return err.issues[0].message
+    return err.message

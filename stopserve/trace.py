@@ -108,6 +108,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="allow", allow_inf_nan=False)
 
 
+def _whole_number(value: Any) -> Any:
+    """Accept ``12000.0`` for an integer field (JSON writers emit it); strict typing rejects the rest."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 class Decision(_Model):
     """What a stop service answered at one point (logged by the service)."""
 
@@ -134,6 +141,8 @@ class Budget(_Model):
     max_seconds: float | None = _NonNegFloat
     max_tokens: int | None = Field(default=None, ge=0)
     max_usd: float | None = _NonNegFloat
+
+    _whole = field_validator("max_turns", "max_tokens", mode="before")(_whole_number)
 
 
 class Edge(_Model):
@@ -167,6 +176,8 @@ class Event(_Model):
     proposed: bool | None = None
     grade: float | None = Field(default=None, allow_inf_nan=False)
     decision: Decision | None = None
+
+    _whole = field_validator("tokens", mode="before")(_whole_number)
 
     @model_validator(mode="before")
     @classmethod
@@ -348,7 +359,8 @@ def check_trace(
     issues: list[Issue] = []
     trace: Trace | None = None
     try:
-        trace = Trace.model_validate(data)
+        # strict: JSON types must match (no "5" for 5, no true for a number)
+        trace = Trace.model_validate(data, strict=True)
     except ValidationError as exc:
         for err in exc.errors():
             if str(err.get("msg", "")).removeprefix("Value error, ") in (_NEEDS_VALUE, _NEEDS_REASON):
@@ -401,9 +413,12 @@ class Record:
     line: int | None
     trace: Trace | None
     issues: list[Issue] = field(default_factory=list)
+    #: False when the bytes could not be read as a JSON trace at all (binary, not JSON, empty)
+    readable: bool = True
 
 
 _GZIP_MAGIC: Final = b"\x1f\x8b"
+_SNIFF_BYTES: Final = 8192
 
 
 def _looks_binary(chunk: bytes) -> bool:
@@ -450,9 +465,19 @@ def scan(
         raw.seek(0)
         reader = _scan_jsonl if _is_jsonl(p) else _scan_json
         try:
+            if isinstance(stream, gzip.GzipFile):
+                head = stream.peek(_SNIFF_BYTES)[:_SNIFF_BYTES]
+            else:
+                head = raw.read(_SNIFF_BYTES)
+                raw.seek(0)
+            if _looks_binary(head):
+                # one clear error, not one per "line" of a binary blob
+                issue = Issue("binary content (NUL byte): not a JSON trace file", file=name)
+                yield Record(name, None, None, [issue], readable=False)
+                return
             yield from reader(stream, name, strict, max_trace_bytes)
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            yield Record(name, None, None, [Issue(f"cannot read: {exc}", file=name)])
+            yield Record(name, None, None, [Issue(f"cannot read: {exc}", file=name)], readable=False)
 
 
 def _scan_jsonl(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> Iterator[Record]:
@@ -472,7 +497,7 @@ def _scan_jsonl(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> I
             issue = Issue(
                 f"line longer than {max_bytes} bytes: refused to bound memory", file=name, line=lineno
             )
-            yield Record(name, lineno, None, [issue])
+            yield Record(name, lineno, None, [issue], readable=False)
             seen_any = True
             continue
         if not line.strip():
@@ -480,12 +505,12 @@ def _scan_jsonl(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> I
         seen_any = True
         data, bad = _decode(line, name, lineno)
         if bad is not None:
-            yield Record(name, lineno, None, [bad])
+            yield Record(name, lineno, None, [bad], readable=False)
             continue
         trace, issues = check_trace(data, strict=strict, file=name, line=lineno)
         yield Record(name, lineno, trace, issues)
     if not seen_any:
-        yield Record(name, None, None, [Issue("file is empty: no traces", file=name)])
+        yield Record(name, None, None, [Issue("file is empty: no traces", file=name)], readable=False)
 
 
 def _scan_json(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> Iterator[Record]:
@@ -494,10 +519,10 @@ def _scan_json(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> It
         issue = Issue(
             f"file larger than {max_bytes} bytes: use JSON Lines (.jsonl) for many traces", file=name
         )
-        yield Record(name, None, None, [issue])
+        yield Record(name, None, None, [issue], readable=False)
         return
     if not blob.strip():
-        yield Record(name, None, None, [Issue("file is empty: no traces", file=name)])
+        yield Record(name, None, None, [Issue("file is empty: no traces", file=name)], readable=False)
         return
     data, bad = _decode(blob, name, None)
     if bad is not None:
@@ -505,11 +530,13 @@ def _scan_json(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> It
             # a JSON Lines file with a .json name: read it as lines
             yield from _scan_jsonl(io.BytesIO(blob), name, strict, max_bytes)
             return
-        yield Record(name, None, None, [bad])
+        yield Record(name, None, None, [bad], readable=False)
         return
     items = data if isinstance(data, list) else [data]
     if not items:
-        yield Record(name, None, None, [Issue("file holds an empty list: no traces", file=name)])
+        yield Record(
+            name, None, None, [Issue("file holds an empty list: no traces", file=name)], readable=False
+        )
     for i, item in enumerate(items):
         trace, issues = check_trace(item, strict=strict, file=name if len(items) == 1 else f"{name}[{i}]")
         yield Record(name, None, trace, issues)
@@ -531,7 +558,8 @@ def read_traces(
 ) -> Iterator[Trace]:
     """Stream valid traces from one or more files.
 
-    Raises :class:`TraceValidationError` at the first invalid trace, listing every
+    Raises :class:`TraceFormatError` for unreadable input (binary, not JSON, empty)
+    and :class:`TraceValidationError` at the first invalid trace, listing every
     problem in it (``stopserve validate`` reports all traces instead).
     """
     if isinstance(paths, str | os.PathLike):
@@ -539,6 +567,8 @@ def read_traces(
     for path in paths:
         for record in scan(path, strict=strict, max_trace_bytes=max_trace_bytes):
             if record.trace is None:
+                if not record.readable:
+                    raise TraceFormatError(str(record.issues[0]), record.issues[1:])
                 first = record.issues[0]
                 where = str(Issue("", file=first.file, line=first.line, trace_id=first.trace_id)).rstrip(": ")
                 raise TraceValidationError(
@@ -565,15 +595,19 @@ class TraceWriter:
     def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
         self.path = Path(path)
         self.count = 0
-        self._json = not _is_jsonl(self.path) and self.path.suffix.lower() == ".json"
+        self._json = self.path.name.lower().removesuffix(".gz").endswith(".json")
         mode = "ab" if append else "wb"
-        self._raw: IO[bytes] = self.path.open(mode)
+        try:
+            self._raw: IO[bytes] = self.path.open(mode)
+        except OSError as exc:
+            raise TraceFormatError(f"{self.path}: cannot write: {exc.strerror or exc}") from exc
         self._fh: IO[bytes] = self._raw
         if self.path.name.lower().endswith(".gz"):
             self._fh = gzip.GzipFile(fileobj=self._raw, mode=mode)  # type: ignore[assignment]
 
     def write(self, trace: Trace | Mapping[str, Any]) -> None:
-        data = trace.dump() if isinstance(trace, Trace) else dict(trace)
+        """Write one trace; a mapping is validated first, so the file never holds an invalid trace."""
+        data = (trace if isinstance(trace, Trace) else parse_trace(dict(trace), file=str(self.path))).dump()
         if self._json:
             if self.count:
                 raise TraceFormatError(f"{self.path}: a .json file holds one trace; write .jsonl for many")

@@ -1,0 +1,179 @@
+"""Helpers every importer shares: finding files, loading JSON with located errors,
+content hashes, and turning a converted dict into a valid :class:`Trace`."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from stopserve.errors import ImporterError, Issue, TraceValidationError
+from stopserve.trace import Trace, parse_trace
+
+__all__ = [
+    "MAX_FILE_BYTES",
+    "OnError",
+    "content_ref",
+    "fail",
+    "finish",
+    "iter_files",
+    "iter_json_records",
+    "load_json",
+    "report",
+]
+
+#: Called with each source an importer skips; without it the importer raises instead.
+OnError = Callable[[ImporterError], None] | None
+
+#: One foreign JSON document above this size is refused (bounds memory per run).
+MAX_FILE_BYTES: Final = 256 * 1024 * 1024
+
+
+def content_ref(content: Any) -> str:
+    """A short stable hash of text or JSON data: equal content, equal ref (never the raw text)."""
+    if isinstance(content, bytes):
+        raw = content
+    elif isinstance(content, str):
+        raw = content.encode("utf-8", "surrogatepass")
+    else:
+        raw = orjson.dumps(content, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    return "sha256:" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def fail(
+    message: str,
+    *,
+    file: str | os.PathLike[str] | None = None,
+    line: int | None = None,
+    path: str | None = None,
+    trace_id: str | None = None,
+) -> ImporterError:
+    """An :class:`ImporterError` whose single issue names file, line and field."""
+    issue = Issue(message, file=None if file is None else str(file), line=line, trace_id=trace_id, path=path)
+    return ImporterError(str(issue), [issue])
+
+
+def report(err: ImporterError, on_error: OnError) -> None:
+    """Raise ``err``, or hand it to ``on_error`` so the caller can count the skip and go on."""
+    if on_error is None:
+        raise err
+    on_error(err)
+
+
+def iter_files(
+    sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
+    suffixes: tuple[str, ...],
+    *,
+    skip_names: Iterable[str] = (),
+) -> Iterator[Path]:
+    """Files named by ``sources``: files as given, folders searched recursively (sorted).
+
+    Raises :class:`ImporterError` for a source that does not exist or a folder with no match.
+    """
+    if isinstance(sources, str | os.PathLike):
+        sources = [sources]
+    skip = set(skip_names)
+    for source in sources:
+        path = Path(source)
+        if path.is_file():
+            yield path
+        elif path.is_dir():
+            found = False
+            for child in sorted(path.rglob("*")):
+                name = child.name.lower()
+                if name.endswith(suffixes) and name not in skip and child.is_file():
+                    found = True
+                    yield child
+            if not found:
+                raise fail(f"no {' or '.join(suffixes)} files in this folder", file=path)
+        else:
+            raise fail("no such file or folder", file=path)
+
+
+def _open(path: Path) -> Any:
+    with path.open("rb") as fh:
+        magic = fh.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
+
+
+def load_json(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
+    """Parse one JSON document (gzip allowed) or raise an :class:`ImporterError` naming file and line."""
+    try:
+        with _open(path) as fh:
+            blob = fh.read(max_bytes + 1)
+    except (OSError, EOFError) as exc:
+        raise fail(f"cannot read: {exc}", file=path) from exc
+    if len(blob) > max_bytes:
+        raise fail(f"file larger than {max_bytes} bytes: refused to bound memory", file=path)
+    if not blob.strip():
+        raise fail("file is empty", file=path)
+    if b"\x00" in blob[:8192]:
+        raise fail("binary content (NUL byte): not a JSON file", file=path)
+    try:
+        return orjson.loads(blob)
+    except orjson.JSONDecodeError as exc:
+        raise fail(f"not valid JSON: {exc.msg} (column {exc.colno})", file=path, line=exc.lineno) from exc
+
+
+def iter_json_records(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> Iterator[tuple[int | None, Any]]:
+    """Yield ``(line, object)`` from a JSON Lines file, or ``(None, document)`` from a JSON file.
+
+    JSON Lines (by suffix ``.jsonl``/``.ndjson``, optionally ``.gz``) stream a line at a
+    time. A ``.json`` holding a list yields each item. A line that is not JSON is
+    yielded as an :class:`ImporterError` naming file and line (the caller skips it
+    or stops); an unreadable file raises.
+    """
+    name = path.name.lower().removesuffix(".gz")
+    if not name.endswith((".jsonl", ".ndjson")):
+        data = load_json(path, max_bytes=max_bytes)
+        if isinstance(data, list):
+            if not data:
+                raise fail("file holds an empty list", file=path)
+            for item in data:
+                yield None, item
+        else:
+            yield None, data
+        return
+    try:
+        fh = _open(path)
+    except OSError as exc:
+        raise fail(f"cannot read: {exc}", file=path) from exc
+    with fh:
+        lineno = 0
+        seen = False
+        while True:
+            try:
+                line = fh.readline(max_bytes + 1)
+            except (OSError, EOFError) as exc:
+                raise fail(f"cannot read: {exc}", file=path, line=lineno + 1) from exc
+            if not line:
+                break
+            lineno += 1
+            if not line.strip():
+                continue
+            seen = True
+            if len(line) > max_bytes:
+                raise fail(f"line longer than {max_bytes} bytes", file=path, line=lineno)
+            if b"\x00" in line:
+                raise fail("binary content (NUL byte): not JSON Lines", file=path, line=lineno)
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                yield lineno, fail(f"not valid JSON: {exc.msg} (column {exc.colno})", file=path, line=lineno)
+                continue
+            yield lineno, obj
+        if not seen:
+            raise fail("file is empty", file=path)
+
+
+def finish(data: dict[str, Any], *, file: str | os.PathLike[str], line: int | None = None) -> Trace:
+    """Validate a converted trace; a conversion that breaks format v1 becomes an :class:`ImporterError`."""
+    try:
+        return parse_trace(data, file=str(file), line=line)
+    except TraceValidationError as exc:
+        raise ImporterError(f"{exc.message}: cannot import", exc.issues) from exc

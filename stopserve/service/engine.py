@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import ValidationError
 
 from stopserve.api import (
     BatchDecideRequest,
@@ -571,15 +570,9 @@ class Engine:
         if raw is None:
             return None
         try:
-            return SafetyConfig.model_validate(raw)
-        except ValidationError as exc:
-            issues = [
-                Issue(
-                    str(err.get("msg", "invalid")).removeprefix("Value error, "),
-                    path=".".join([where, *(str(p) for p in err["loc"])]),
-                )
-                for err in exc.errors()
-            ]
+            return SafetyConfig.from_dict(raw)
+        except ConfigError as exc:
+            issues = [Issue(i.message, path=f"{where}.{i.path}" if i.path else where) for i in exc.issues]
             raise ConfigError(f"invalid safety config in {where!r}", issues) from None
 
 

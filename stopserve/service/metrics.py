@@ -22,7 +22,7 @@ class Metrics:
     """Decisions by action and reason, decide latency, live runs, evictions, model, log errors."""
 
     def __init__(self) -> None:
-        disable_created_metrics()  # the *_created series only double the scrape size
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # the *_created series only double the scrape size
         self.registry = CollectorRegistry()
         r = self.registry
         self.decisions = Counter(

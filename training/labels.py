@@ -1,0 +1,456 @@
+"""Decision points and their labels, read from traces by the live featurizer.
+
+Every trace is folded once, event by event, through
+:class:`stopserve.features.RunState` -- the same path the service runs -- and a
+row is taken after every event for which :func:`stopserve.trace.is_decision_point`
+holds. A trace with no decision point at all gets one row at its last event.
+
+Each row carries the features, the labels of ``shared/spec/trace-format.md``
+(``q_t``, ``c_t``) and what the heuristic baselines need (turn, elapsed
+seconds, tokens, usd, latest reward, a loop flag at default thresholds).
+``R_stop(t) = q_t - lam * c_t``; ``lam`` is in cost units per unit of reward:
+with task success worth $5, ``lam = 0.2`` per usd.
+
+>>> dp = build_decision_points(traces)            # doctest: +SKIP
+>>> r_stop = dp.r_stop(0.2)                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from stopserve.errors import TrainingError
+from stopserve.features import FEATURE_NAMES, RunState
+from stopserve.trace import Trace, is_decision_point, read_traces
+
+__all__ = [
+    "COST_UNITS",
+    "DecisionPoints",
+    "build_decision_points",
+    "features_command",
+    "load_decision_points",
+    "resolve_cost_unit",
+]
+
+CostUnit = Literal["usd", "ktokens", "seconds"]
+COST_UNITS: Final[tuple[str, ...]] = ("usd", "ktokens", "seconds")
+
+#: Reward channel read as the quality label with ``labels_from_rewards``.
+LABEL_CHANNEL: Final = "quality"
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+StrArray = npt.NDArray[np.str_]
+
+#: A rule replayed on every decision point's live state (e.g. a policy's decide call).
+StopRule = Callable[[RunState, bool], bool]
+
+
+@dataclass
+class DecisionPoints:
+    """One row per decision point of a set of traces (plus per-trace arrays).
+
+    Rows of trace ``i`` are ``offsets[i]:offsets[i + 1]``; every trace has at
+    least one row. ``q_final``/``c_final`` are the logged end (all events
+    folded); a replayed policy that never stops gets them.
+    """
+
+    cost_unit: str
+    X: FloatArray
+    trace_idx: IntArray
+    turn: IntArray
+    q: FloatArray
+    c: FloatArray
+    q_final: FloatArray
+    c_final: FloatArray
+    propensity: FloatArray
+    is_last: BoolArray
+    elapsed: FloatArray
+    tokens: FloatArray
+    usd: FloatArray
+    latest_reward: FloatArray  # nan before the first reward event
+    loop: BoolArray
+    # per trace
+    offsets: IntArray
+    task_id: StrArray
+    group: StrArray
+    trace_id: StrArray
+    trace_q_final: FloatArray
+    trace_c_final: FloatArray
+    optimal_value: FloatArray  # nan when the trace carries none
+    optimal_lambda: FloatArray
+    run_to_cap: BoolArray
+    feature_names: tuple[str, ...] = FEATURE_NAMES
+    #: stop flags of the ``stop_rules`` given to :func:`build_decision_points`, one column each
+    rule_stops: BoolArray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
+
+    @property
+    def n_rows(self) -> int:
+        """Number of decision points."""
+        return int(self.q.shape[0])
+
+    @property
+    def n_traces(self) -> int:
+        """Number of traces."""
+        return int(self.offsets.shape[0] - 1)
+
+    def r_stop(self, lam: float) -> FloatArray:
+        """``R_stop(t) = q_t - lam * c_t`` for every row."""
+        return self.q - lam * self.c
+
+    def cost_to_go(self) -> FloatArray:
+        """``c_final - c_t`` for every row: the cost still spent if the run continues as logged."""
+        return self.c_final - self.c
+
+    def subset(self, traces: npt.ArrayLike) -> DecisionPoints:
+        """The decision points of the given trace indices (in that order)."""
+        idx = np.asarray(traces, dtype=np.int64)
+        starts, ends = self.offsets[idx], self.offsets[idx + 1]
+        lengths = ends - starts
+        rows = (
+            np.concatenate([np.arange(s, e) for s, e in zip(starts, ends, strict=True)])
+            if idx.size
+            else np.zeros(0, dtype=np.int64)
+        )
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        return DecisionPoints(
+            cost_unit=self.cost_unit,
+            X=self.X[rows],
+            trace_idx=np.repeat(np.arange(idx.size, dtype=np.int64), lengths),
+            turn=self.turn[rows],
+            q=self.q[rows],
+            c=self.c[rows],
+            q_final=self.q_final[rows],
+            c_final=self.c_final[rows],
+            propensity=self.propensity[rows],
+            is_last=self.is_last[rows],
+            elapsed=self.elapsed[rows],
+            tokens=self.tokens[rows],
+            usd=self.usd[rows],
+            latest_reward=self.latest_reward[rows],
+            loop=self.loop[rows],
+            offsets=offsets,
+            task_id=self.task_id[idx],
+            group=self.group[idx],
+            trace_id=self.trace_id[idx],
+            trace_q_final=self.trace_q_final[idx],
+            trace_c_final=self.trace_c_final[idx],
+            optimal_value=self.optimal_value[idx],
+            optimal_lambda=self.optimal_lambda[idx],
+            run_to_cap=self.run_to_cap[idx],
+            feature_names=self.feature_names,
+            rule_stops=self.rule_stops[rows] if self.rule_stops.size else self.rule_stops,
+        )
+
+
+# --------------------------------------------------------------------------- cost unit
+
+
+def _event_costed(tokens: int | None, usd: float | None) -> bool:
+    return tokens is not None or usd is not None
+
+
+def resolve_cost_unit(traces: Iterable[Trace]) -> str:
+    """``"usd"`` when every costed event carries ``usd``, else ``"ktokens"``.
+
+    A *costed* event is one that carries ``tokens`` or ``usd``; events that cost
+    nothing (a reward, a stop) are not counted as missing money. With no costed
+    event at all the unit is ``"ktokens"`` (every cost is then 0).
+    """
+    any_usd = False
+    for trace in traces:
+        for ev in trace.events:
+            if ev.usd is not None:
+                any_usd = True
+            elif ev.tokens is not None:
+                return "ktokens"
+    return "usd" if any_usd else "ktokens"
+
+
+# --------------------------------------------------------------------------- loop flag
+
+
+def _loop_flagger() -> Callable[[RunState], bool]:
+    """Whether the loop detector at its default thresholds fires on a state."""
+    from stopserve.safety import LoopConfig
+
+    detector = LoopConfig()
+
+    def flag(state: RunState) -> bool:
+        return detector.check(state) is not None
+
+    return flag
+
+
+# --------------------------------------------------------------------------- building
+
+
+class _Columns:
+    """Row buffers, grown by append; turned into arrays once at the end."""
+
+    def __init__(self) -> None:
+        self.X: list[FloatArray] = []
+        self.trace_idx: list[int] = []
+        self.turn: list[int] = []
+        self.q: list[float] = []
+        self.c_usd: list[float] = []
+        self.c_tok: list[float] = []
+        self.c_sec: list[float] = []
+        self.propensity: list[float] = []
+        self.is_last: list[bool] = []
+        self.latest_reward: list[float] = []
+        self.loop: list[bool] = []
+        self.rule_stops: list[list[bool]] = []
+
+
+def _team_outcome(trace: Trace) -> float | None:
+    team = trace.rewards.get("team")
+    if team is None or not math.isfinite(team):
+        return None
+    return float(team)
+
+
+def build_decision_points(
+    traces: Iterable[Trace],
+    *,
+    cost_unit: str | None = None,
+    labels_from_rewards: bool = False,
+    group_by: str = "task",
+    progress: bool = False,
+    stop_rules: Sequence[StopRule] = (),
+) -> DecisionPoints:
+    """Fold every trace once and collect one row per decision point.
+
+    ``cost_unit`` None picks ``"usd"`` when every costed event carries usd, else
+    ``"ktokens"`` (see :func:`resolve_cost_unit`); a missing cost on an event
+    counts as 0 in the unit chosen. ``group_by`` is ``"task"`` (the task id) or
+    ``"repo"`` (the task id's prefix before ``"__"``, e.g. ``django`` for
+    ``django__django-12345``). ``stop_rules`` are called as ``rule(state,
+    proposed_stop)`` at every decision point; their answers fill ``rule_stops``.
+
+    Raises :class:`TrainingError` when there are no traces, or a trace has no
+    outcome (no graded event, no ``rewards.team``, and no reward on the label
+    channel when ``labels_from_rewards``).
+    """
+    if cost_unit is not None and cost_unit not in COST_UNITS:
+        raise TrainingError(f"cost unit {cost_unit!r} is not one of {', '.join(COST_UNITS)}")
+    if group_by not in ("task", "repo"):
+        raise TrainingError(f"group_by {group_by!r} is not one of task, repo")
+    loop_flag = _loop_flagger()
+    cols = _Columns()
+    offsets: list[int] = [0]
+    task_ids: list[str] = []
+    trace_ids: list[str] = []
+    q_finals: list[float] = []
+    c_finals: list[tuple[float, float, float]] = []
+    opt_value: list[float] = []
+    opt_lambda: list[float] = []
+    run_to_cap: list[bool] = []
+    every_costed_has_usd = True
+    any_usd = False
+
+    iterator: Iterable[Trace] = traces
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(traces, desc="decision points", unit=" traces", file=sys.stderr)
+
+    for ti, trace in enumerate(iterator):
+        state = RunState(topology=trace.topology, budget=trace.budget)
+        team = _team_outcome(trace)
+        grade: float | None = None
+        reward_label: float | None = None
+        usd = tok = 0.0
+        start = len(cols.q)
+        n_events = len(trace.events)
+        for k, ev in enumerate(trace.events):
+            state.fold(ev)
+            if ev.usd is not None:
+                usd += ev.usd
+                any_usd = True
+            elif ev.tokens is not None:
+                every_costed_has_usd = False
+            if ev.tokens is not None:
+                tok += ev.tokens
+            if ev.grade is not None:
+                grade = ev.grade
+            if (
+                ev.type == "reward"
+                and ev.value is not None
+                and (ev.channel or LABEL_CHANNEL) == LABEL_CHANNEL
+            ):
+                reward_label = ev.value
+            dp = is_decision_point(ev)
+            if not dp and not (k == n_events - 1 and len(cols.q) == start):
+                continue
+            if grade is not None:
+                q = grade
+            elif labels_from_rewards and reward_label is not None:
+                q = reward_label
+            else:
+                q = 0.0  # before the run's own stop; the last row is fixed below
+            cols.X.append(np.asarray(state.features(), dtype=np.float64))
+            cols.trace_idx.append(ti)
+            cols.turn.append(int(state.turn))
+            cols.q.append(float(q))
+            cols.c_usd.append(usd)
+            cols.c_tok.append(tok / 1000.0)
+            cols.c_sec.append(float(ev.t))
+            cols.propensity.append(ev.decision.propensity if ev.decision is not None else 1.0)
+            cols.is_last.append(False)
+            # the reward the quality_met net reads: the run's primary channel
+            latest = state.latest_reward
+            cols.latest_reward.append(math.nan if latest is None else float(latest))
+            cols.loop.append(loop_flag(state))
+            if stop_rules:
+                proposed = ev.type == "stop" and bool(ev.proposed)
+                cols.rule_stops.append([bool(rule(state, proposed)) for rule in stop_rules])
+        # the logged end: every event folded
+        if grade is not None:
+            q_end = grade
+        elif team is not None:
+            q_end = team
+        elif labels_from_rewards and reward_label is not None:
+            q_end = reward_label
+        else:
+            hint = " or a reward on channel 'quality'" if labels_from_rewards else ""
+            raise TrainingError(
+                f"trace {trace.trace_id!r} has no outcome: no event carries 'grade' and "
+                f"'rewards.team' is missing{hint}; grade the run or give its final reward"
+            )
+        last = len(cols.q) - 1
+        cols.is_last[last] = True
+        if grade is None:
+            # spec: the last decision point is the run's own stop, where the final outcome holds
+            cols.q[last] = q_end
+        offsets.append(len(cols.q))
+        task_ids.append(trace.task_id)
+        trace_ids.append(trace.trace_id)
+        q_finals.append(q_end)
+        c_finals.append((usd, tok / 1000.0, float(trace.events[-1].t)))
+        opt_value.append(float(trace.metrics.get("optimal_value", math.nan)))
+        opt_lambda.append(float(trace.metrics.get("optimal_lambda", math.nan)))
+        run_to_cap.append(trace.metrics.get("run_to_cap") == 1.0)
+
+    if not task_ids:
+        raise TrainingError("no traces: the input holds no valid trace to learn or evaluate from")
+
+    unit = cost_unit or ("usd" if any_usd and every_costed_has_usd else "ktokens")
+    if unit == "usd" and not any_usd:
+        raise TrainingError(
+            "cost unit 'usd' asked for, but no event carries 'usd'; use --cost-unit ktokens or seconds"
+        )
+    which = COST_UNITS.index(unit)
+    c_rows = {0: cols.c_usd, 1: cols.c_tok, 2: cols.c_sec}[which]
+    trace_c_final = np.array([cf[which] for cf in c_finals], dtype=np.float64)
+    trace_idx = np.asarray(cols.trace_idx, dtype=np.int64)
+    tasks = np.asarray(task_ids, dtype=np.str_)
+    groups = (
+        np.asarray([t.split("__", 1)[0] for t in task_ids], dtype=np.str_) if group_by == "repo" else tasks
+    )
+    trace_q_final = np.asarray(q_finals, dtype=np.float64)
+    n_features = len(FEATURE_NAMES)
+    return DecisionPoints(
+        cost_unit=unit,
+        X=np.vstack(cols.X) if cols.X else np.zeros((0, n_features)),
+        trace_idx=trace_idx,
+        turn=np.asarray(cols.turn, dtype=np.int64),
+        q=np.asarray(cols.q, dtype=np.float64),
+        c=np.asarray(c_rows, dtype=np.float64),
+        q_final=trace_q_final[trace_idx],
+        c_final=trace_c_final[trace_idx],
+        propensity=np.asarray(cols.propensity, dtype=np.float64),
+        is_last=np.asarray(cols.is_last, dtype=bool),
+        elapsed=np.asarray(cols.c_sec, dtype=np.float64),
+        tokens=np.asarray(cols.c_tok, dtype=np.float64) * 1000.0,
+        usd=np.asarray(cols.c_usd, dtype=np.float64),
+        latest_reward=np.asarray(cols.latest_reward, dtype=np.float64),
+        loop=np.asarray(cols.loop, dtype=bool),
+        offsets=np.asarray(offsets, dtype=np.int64),
+        task_id=tasks,
+        group=groups,
+        trace_id=np.asarray(trace_ids, dtype=np.str_),
+        trace_q_final=trace_q_final,
+        trace_c_final=trace_c_final,
+        optimal_value=np.asarray(opt_value, dtype=np.float64),
+        optimal_lambda=np.asarray(opt_lambda, dtype=np.float64),
+        run_to_cap=np.asarray(run_to_cap, dtype=bool),
+        rule_stops=(
+            np.asarray(cols.rule_stops, dtype=bool).reshape(len(cols.q), len(stop_rules))
+            if stop_rules
+            else np.zeros((0, 0), dtype=bool)
+        ),
+    )
+
+
+def load_decision_points(
+    paths: Sequence[str | Path],
+    *,
+    cost_unit: str | None = None,
+    labels_from_rewards: bool = False,
+    group_by: str = "task",
+    progress: bool = False,
+    stop_rules: Sequence[StopRule] = (),
+) -> DecisionPoints:
+    """:func:`build_decision_points` over trace files, streamed (one trace in memory at a time)."""
+    return build_decision_points(
+        read_traces(paths),
+        cost_unit=cost_unit,
+        labels_from_rewards=labels_from_rewards,
+        group_by=group_by,
+        progress=progress,
+        stop_rules=stop_rules,
+    )
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def features_command(args: argparse.Namespace) -> int:
+    """``stopserve features TRACES -o CSV``: one CSV row per decision point."""
+    dp = load_decision_points(
+        args.traces,
+        cost_unit=args.cost_unit,
+        labels_from_rewards=args.labels_from_rewards,
+        progress=False,
+    )
+    out = Path(args.output)
+    try:
+        fh = out.open("w", newline="")
+    except OSError as exc:
+        raise TrainingError(f"{out}: cannot write: {exc.strerror or exc}") from exc
+    cost_to_go = dp.cost_to_go()
+    with fh:
+        writer = csv.writer(fh)
+        # "turn" leads every row; a feature of the same name is the same number, written once
+        keep = [j for j, name in enumerate(dp.feature_names) if name != "turn"]
+        names = [dp.feature_names[j] for j in keep]
+        writer.writerow(["trace_id", "turn", *names, "q_t", "c_t", "q_final", "cost_to_go"])
+        for i in range(dp.n_rows):
+            writer.writerow(
+                [
+                    dp.trace_id[dp.trace_idx[i]],
+                    int(dp.turn[i]),
+                    *(repr(float(v)) for v in dp.X[i, keep]),
+                    repr(float(dp.q[i])),
+                    repr(float(dp.c[i])),
+                    repr(float(dp.q_final[i])),
+                    repr(float(cost_to_go[i])),
+                ]
+            )
+    print(
+        f"wrote {dp.n_rows} decision points of {dp.n_traces} traces to {out} (cost unit {dp.cost_unit})",
+        file=sys.stderr,
+    )
+    return 0

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import math
+import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stopserve.errors import TraceValidationError
-from stopserve.features import FEATURE_NAMES, RunState
-from stopserve.trace import Budget, Event
+from stopserve.features import FEATURE_NAMES, MAX_REF_CHARS, RunState
+from stopserve.trace import TOPOLOGIES, Budget, Event, Trace, is_decision_point, parse_trace
 
 
 def ev(i: int, kind: str, **kw: Any) -> Event:
@@ -25,9 +29,15 @@ def feat(state: RunState, name: str) -> float:
 
 def test_names_unique_and_vector_length() -> None:
     assert len(set(FEATURE_NAMES)) == len(FEATURE_NAMES)
+    x = RunState().features()
+    assert x.dtype == np.float64 and x.shape == (len(FEATURE_NAMES),)
+
+
+def test_features_returns_a_fresh_array() -> None:
     s = RunState()
     x = s.features()
-    assert x.dtype == np.float64 and x.shape == (len(FEATURE_NAMES),)
+    x[:] = 99.0
+    assert s.features()[FEATURE_NAMES.index("n_events")] == 0.0
 
 
 def test_basic_progress_and_spend() -> None:
@@ -35,22 +45,147 @@ def test_basic_progress_and_spend() -> None:
     s.fold(ev(0, "tool_use", tokens=100, usd=0.5))
     s.fold(ev(1, "return", error=True))
     s.fold(ev(2, "tool_use", tokens=300))
-    s.fold(ev(3, "return"))
+    s.fold(ev(3, "return", t=7.5))
     assert s.turn == 2 and s.n_events == 4 and s.tokens == 400 and s.usd == 0.5
+    assert s.elapsed == 7.5
+    assert feat(s, "seconds_last_event") == pytest.approx(5.5)
+    assert feat(s, "seconds_per_turn") == pytest.approx(3.75)
+    assert feat(s, "tokens_per_turn") == 200
     assert feat(s, "budget_share_turns") == pytest.approx(0.2)
     assert feat(s, "budget_share_tokens") == pytest.approx(0.4)
-    assert math.isnan(feat(s, "budget_share_usd"))
+    assert math.isnan(feat(s, "budget_share_usd")) and math.isnan(feat(s, "budget_share_seconds"))
     assert feat(s, "tokens_last_turn") == 300
     assert feat(s, "errors_total") == 1 and feat(s, "errors_consecutive") == 0
-    assert feat(s, "topology_harness") == 1.0 and feat(s, "topology_debate") == 0.0
+    assert feat(s, "error_share_recent") == pytest.approx(0.5)
+    assert feat(s, "n_tool_use") == 2 and feat(s, "n_return") == 2
+    assert feat(s, "topology_harness") == 1.0
+    assert sum(feat(s, f"topology_{t}") for t in TOPOLOGIES) == 1.0
+
+
+def test_budget_shares_nan_without_budget_then_set() -> None:
+    s = RunState()
+    s.fold(ev(0, "return", tokens=50, usd=1.0))
+    assert all(math.isnan(feat(s, f"budget_share_{k}")) for k in ("turns", "seconds", "tokens", "usd"))
+    s.set_budget(Budget(max_usd=4.0, max_seconds=0.0))
+    assert feat(s, "budget_share_usd") == 0.25
+    assert feat(s, "budget_share_seconds") == 1.0  # a zero cap is exhausted, not a division by zero
+
+
+def test_errors_consecutive_and_share() -> None:
+    s = RunState()
+    for i in range(3):
+        s.fold(ev(2 * i, "tool_use"))
+        s.fold(ev(2 * i + 1, "return", error=True))
+    assert feat(s, "errors_consecutive") == 3 and feat(s, "error_share_recent") == 1.0
+    s.fold(ev(10, "return"))
+    assert feat(s, "errors_consecutive") == 0 and feat(s, "error_share_recent") == 0.75
+
+
+def test_repetition_features() -> None:
+    s = RunState()
+    for i in range(4):
+        s.fold(ev(i, "communicate", content_ref="same"))
+    assert feat(s, "latest_ref_count") == 4
+    assert feat(s, "identical_run") == 4 and feat(s, "identical_run_max") == 4
+    s.fold(ev(4, "communicate", content_ref="other", agent="b"))
+    assert feat(s, "identical_run") == 1 and feat(s, "identical_run_max") == 4
+    assert feat(s, "distinct_ref_ratio") == pytest.approx(2 / 5)
+    assert feat(s, "monologue_run") == 1
+    assert feat(s, "agents_seen") == 2 and feat(s, "agents_active") == 2
+
+
+def test_abab_alternation_flag() -> None:
+    s = RunState()
+    i = 0
+    for k in range(4):
+        ref = "A" if k % 2 == 0 else "B"
+        s.fold(ev(i, "tool_use", tool="bash", content_ref=ref))
+        s.fold(ev(i + 1, "return", content_ref=ref + "-out"))
+        i += 2
+    assert feat(s, "abab_flag") == 1.0 and feat(s, "alternation_len") == 4
+    assert s.loop_events("alternating_actions") == [f"e{j}" for j in range(8)]
+
+
+def test_consensus_share_of_modal_ref_among_latest_returns() -> None:
+    s = RunState(topology="debate")
+    s.fold(ev(0, "return", agent="p1", content_ref="x"))
+    s.fold(ev(1, "return", agent="p2", content_ref="x"))
+    s.fold(ev(2, "return", agent="p3", content_ref="y"))
+    assert feat(s, "consensus_share") == pytest.approx(2 / 3) and feat(s, "consensus_agents") == 3
+    s.fold(ev(3, "return", agent="p3", content_ref="x"))
+    assert feat(s, "consensus_share") == 1.0
+    s.fold(ev(4, "return", agent="p1", content_ref="z"))
+    s.fold(ev(5, "return", agent="p2", content_ref="w"))
+    assert feat(s, "consensus_share") == pytest.approx(1 / 3)
+
+
+def test_reward_features() -> None:
+    s = RunState()
+    assert math.isnan(feat(s, "reward_latest")) and s.latest_reward is None
+    s.fold(ev(0, "reward", value=0.4, tokens=10))
+    s.fold(ev(1, "reward", value=0.7, tokens=10))
+    s.fold(ev(2, "reward", value=0.5, tokens=10))
+    s.fold(ev(3, "reward", value=0.9, channel="other"))
+    assert s.latest_reward == 0.5 and s.best_reward == 0.7
+    assert s.latest_reward_on("other") == 0.9 and s.latest_reward_on("quality") == 0.5
+    assert feat(s, "reward_delta") == pytest.approx(-0.2)
+    assert feat(s, "turns_since_best") == 2  # best at turn 2, now turn 4
+    assert feat(s, "tokens_since_best") == 10
+
+
+def test_stop_proposals() -> None:
+    s = RunState()
+    assert math.isnan(feat(s, "turns_since_proposal"))
+    s.fold(ev(0, "stop", reason="quality_met", proposed=True))
+    assert s.turn == 1 and feat(s, "stop_proposals") == 1 and feat(s, "turns_since_proposal") == 0
+    s.fold(ev(1, "return"))
+    s.fold(ev(2, "stop", reason="unknown"))  # the final stop is no decision point
+    assert s.turn == 2 and feat(s, "turns_since_proposal") == 1
+
+
+def test_delegations_pending_and_unmatched_returns() -> None:
+    s = RunState()
+    s.fold(ev(0, "delegate", to="w1"))
+    s.fold(ev(1, "delegate", to="w2"))
+    assert feat(s, "delegations_pending") == 2
+    s.fold(ev(2, "return", agent="w1"))
+    s.fold(ev(3, "return", agent="stranger"))  # an unknown agent returning
+    s.fold(ev(4, "return", agent="w2"))  # a return with no delegation left
+    assert feat(s, "delegations_pending") == 0 and s.turn == 3
 
 
 def test_retried_event_ids_are_skipped() -> None:
     s = RunState()
     assert s.fold(ev(0, "return", tokens=5))
+    before = s.features()
     assert not s.fold(ev(0, "return", tokens=5))
+    np.testing.assert_array_equal(before, s.features())
     assert s.seen("e0") and not s.seen("e1")
     assert s.n_events == 1 and s.tokens == 5
+    assert s.fold_many([ev(0, "return"), ev(1, "return")]) == 1
+
+
+def test_seen_window_is_bounded() -> None:
+    s = RunState(seen_window=100)
+    for i in range(250):
+        s.fold(ev(i, "communicate"))
+    assert s.seen("e249") and s.seen("e150") and not s.seen("e149") and not s.seen("e0")
+
+
+def test_ref_memory_is_bounded_and_huge_refs_are_hashed() -> None:
+    s = RunState(ref_window=50)
+    huge = "x" * (MAX_REF_CHARS * 1000)
+    s.fold(ev(0, "communicate", content_ref=huge))
+    for i in range(1, 200):
+        s.fold(ev(i, "communicate", content_ref=f"r{i}"))
+    s.fold(ev(200, "communicate", content_ref="x" * (MAX_REF_CHARS * 1000)))
+    assert feat(s, "latest_ref_count") == 1  # evicted from the 50-ref window
+    t = RunState()
+    t.fold(ev(0, "communicate", content_ref=huge))
+    t.fold(ev(1, "communicate", content_ref=huge[:-1] + "x"))
+    assert feat(t, "latest_ref_count") == 2 and feat(t, "monologue_run") == 2
+    t.fold(ev(2, "communicate", content_ref=huge[:-1] + "y"))
+    assert feat(t, "latest_ref_count") == 1
 
 
 def test_time_going_backwards_is_rejected_before_any_change() -> None:
@@ -60,3 +195,145 @@ def test_time_going_backwards_is_rejected_before_any_change() -> None:
         s.fold(ev(1, "return", t=4))
     assert "time goes backwards" in str(info.value) and "e1" in str(info.value)
     assert s.n_events == 1 and not s.seen("e1")
+
+
+def test_bad_batch_is_rejected_whole() -> None:
+    s = RunState()
+    batch = [ev(0, "return", t=1), ev(1, "return", t=3), ev(2, "return", t=2)]
+    with pytest.raises(TraceValidationError) as info:
+        s.fold_many(batch)
+    assert info.value.issues[0].path == "events[2].t"
+    assert s.n_events == 0 and s.turn == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("tokens", -5), ("tokens", math.nan), ("usd", -0.1), ("usd", math.inf)]
+)
+def test_negative_or_nan_costs(field: str, value: float) -> None:
+    # the format rejects them when read ...
+    data = {"trace_id": "r", "task_id": "t", "events": [{"id": "e", "t": 0, "type": "return", "agent": "a"}]}
+    data["events"][0][field] = value  # type: ignore[index]
+    with pytest.raises(TraceValidationError, match=f"events\\[0\\].{field}"):
+        parse_trace(data)
+    # ... and an event built without validation is refused by the featurizer, naming the field
+    bad = Event.model_construct(id="e9", t=0.0, type="return", agent="a", **{field: value})
+    s = RunState()
+    with pytest.raises(TraceValidationError) as info:
+        s.fold(bad)
+    assert info.value.issues[0].path == f"event 'e9'.{field}"
+    assert s.n_events == 0
+
+
+def test_unknown_topology_is_refused() -> None:
+    with pytest.raises(TraceValidationError, match="topology"):
+        RunState(topology="star")
+
+
+def test_grades_are_never_read() -> None:
+    events = [
+        ev(0, "tool_use", grade=0.1),
+        ev(1, "return", grade=0.2),
+        ev(2, "aggregate", grade=0.3),
+        ev(3, "reward", value=0.5, grade=0.9),
+    ]
+    regraded = [e.model_copy(update={"grade": 1.0 - (e.grade or 0.0)}) for e in events]
+    ungraded = [e.model_copy(update={"grade": None}) for e in events]
+    out = []
+    for evs in (events, regraded, ungraded):
+        s = RunState()
+        rows = []
+        for e in evs:
+            s.fold(e)
+            rows.append(s.features())
+        out.append(np.array(rows))
+    np.testing.assert_array_equal(out[0], out[1])
+    np.testing.assert_array_equal(out[0], out[2])
+
+
+# ---------------------------------------------------------------- property: chunking
+
+_KINDS = ("spawn", "delegate", "communicate", "tool_use", "return", "aggregate", "reward", "stop")
+
+
+@st.composite
+def traces(draw: st.DrawFn) -> Trace:
+    n = draw(st.integers(1, 60))
+    t = 0.0
+    events: list[dict[str, Any]] = []
+    for i in range(n):
+        t += draw(st.sampled_from([0.0, 0.5, 1.0, 7.25]))
+        kind = draw(st.sampled_from(_KINDS))
+        e: dict[str, Any] = {
+            "id": f"e{i}",
+            "t": t,
+            "type": kind,
+            "agent": draw(st.sampled_from(["o", "a", "b"])),
+            "tool": draw(st.sampled_from([None, "bash", "search"])),
+            "content_ref": draw(st.sampled_from([None, "r1", "r2", "r3"])),
+            "tokens": draw(st.one_of(st.none(), st.integers(0, 5000))),
+            "usd": draw(st.one_of(st.none(), st.floats(0, 1))),
+            "error": draw(st.sampled_from([None, False, True])),
+            "grade": draw(st.one_of(st.none(), st.floats(0, 1))),
+        }
+        if kind == "reward":
+            e["value"] = draw(st.floats(-1, 1))
+            e["channel"] = draw(st.sampled_from([None, "quality", "tests"]))
+        if kind == "stop":
+            e["reason"] = "unknown"
+            e["proposed"] = draw(st.booleans())
+        events.append(e)
+    topology = draw(st.sampled_from([None, *TOPOLOGIES]))
+    return Trace.model_validate({"trace_id": "r", "task_id": "t", "topology": topology, "events": events})
+
+
+@settings(max_examples=150, deadline=None)
+@given(trace=traces(), seed=st.integers(0, 2**32 - 1))
+def test_chunked_fold_equals_one_pass(trace: Trace, seed: int) -> None:
+    budget = Budget(max_turns=20, max_tokens=50_000)
+    one = RunState(trace.topology, budget)
+    expected: dict[int, np.ndarray] = {}
+    for i, e in enumerate(trace.events):
+        one.fold(e)
+        if is_decision_point(e):
+            expected[i] = one.features()
+    assert one.turn == len(expected)
+
+    rng = random.Random(seed)
+    chunked = RunState(trace.topology, budget)
+    i = 0
+    n = len(trace.events)
+    while i < n:
+        j = min(n, i + rng.randint(1, 8))
+        batch = trace.events[i:j]
+        assert chunked.fold_many(batch) == len(batch)
+        if rng.random() < 0.3:  # a retried request changes nothing
+            assert chunked.fold_many(batch) == 0
+        if j - 1 in expected:
+            np.testing.assert_array_equal(chunked.features(), expected[j - 1])
+        i = j
+    np.testing.assert_array_equal(chunked.features(), one.features())
+
+
+# ---------------------------------------------------------------- real runs
+
+
+def test_real_swe_runs_fold(swe_dir: Path) -> None:
+    from stopserve.importers import mini_swe_agent
+
+    traces = list(mini_swe_agent.read([str(swe_dir)]))
+    assert len(traces) == 306
+    always_known = [i for i, name in enumerate(FEATURE_NAMES) if not _may_be_nan(name)]
+    for tr in traces[:60]:
+        s = RunState(tr.topology, tr.budget)
+        for e in tr.events:
+            s.fold(e)
+            if is_decision_point(e):
+                x = s.features()
+                assert np.isfinite(x[always_known]).all(), tr.trace_id
+        assert s.turn == sum(is_decision_point(e) for e in tr.events)
+        assert s.tokens == sum(e.tokens or 0 for e in tr.events)
+        assert feat(s, "topology_harness") == 1.0
+
+
+def _may_be_nan(name: str) -> bool:
+    return name.startswith(("budget_share", "reward_", "turns_since", "tokens_since", "consensus_share"))

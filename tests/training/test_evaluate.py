@@ -1,0 +1,163 @@
+"""Truncation-replay evaluation: policies, figures, intervals, the command, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from eval_helpers import step_trace
+
+from stopserve.artifacts import save_model_dir
+from stopserve.cli import main
+from stopserve.errors import TrainingError
+from stopserve.policy import Policy
+from stopserve.safety import SafetyConfig
+from stopserve.trace import Trace, write_traces
+from training.evaluate import evaluate
+from training.heuristics import HEURISTICS, HeuristicRule, replay
+from training.labels import build_decision_points
+
+FIGURES = ("value", "success", "cost", "cost_saved", "success_lost", "gap_closed")
+
+
+def _runs(n: int, seed: int, prefix: str = "r") -> list[Trace]:
+    """Runs that are solved at a random step (or never), then keep going until a random end."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        steps = int(rng.integers(3, 10))
+        solved = int(rng.integers(1, steps + 3))  # > steps: never solved
+        grades = [1.0 if s + 1 >= solved else 0.0 for s in range(steps)]
+        out.append(step_trace(f"{prefix}{i}", f"{prefix}task{i % (n // 2)}", steps, grades=grades))
+    return out
+
+
+def test_every_policy_is_scored_against_behavior_and_oracle() -> None:
+    traces, tune = _runs(20, 1), _runs(20, 2, prefix="t")
+    policy = Policy.safety_only(SafetyConfig(max_turns=2, loop=None))
+    report = evaluate(policy, traces, lam=5.0, tune_on=tune, n_boot=200)
+    pols = report["policies"]
+    assert set(pols) == {"behavior", *HEURISTICS, "learned", "oracle"}
+    assert all(set(FIGURES) <= set(p) for p in pols.values())
+    assert report["n_traces"] == 20 and report["cost_unit"] == "usd" and report["lambda"] == 5.0
+    assert pols["learned"]["kind"] == "heuristic" and report["exact"] is False
+    assert "--tune-on" in report["heuristic_tuning"]
+    # the learned safety-only policy is exactly a turn cap of 2
+    dp = build_decision_points(traces)
+    cap2 = replay(dp, HeuristicRule(turn_cap=2).stop_mask(dp), 5.0)
+    assert pols["learned"]["value"] == pytest.approx(cap2.mean_value)
+    assert pols["learned"]["cost"] == pytest.approx(cap2.c.mean())
+    b, o = pols["behavior"], pols["oracle"]
+    assert b["cost_saved"] == 0 and b["success_lost"] == 0 and b["gap_closed"] == 0
+    assert o["gap_closed"] == pytest.approx(1.0)
+    assert o["value"] >= max(p["value"] for p in pols.values()) - 1e-12
+    assert report["best_heuristic"] == max(HEURISTICS, key=lambda n: pols[n]["value"])
+    for p in pols.values():
+        lo, hi = p["ci95"]["value"]
+        assert lo <= p["value"] <= hi
+    expected_saved = 1 - pols["learned"]["cost"] / b["cost"]
+    assert pols["learned"]["cost_saved"] == pytest.approx(expected_saved)
+
+
+def test_without_tune_on_heuristics_are_cross_fitted_and_it_says_so() -> None:
+    report = evaluate(None, _runs(20, 3), lam=5.0, n_boot=50)
+    assert "learned" not in report["policies"]
+    assert report["heuristic_tuning"].startswith("cross-fitted")
+    assert any("cross-fitted" in n for n in report["notes"])
+    assert len(report["heuristics"]["turn_cap"]["parameter_per_fold"]) == 5
+
+
+def test_optimal_values_and_exactness_from_simulator_metrics() -> None:
+    traces = [
+        step_trace(
+            f"r{i}",
+            f"t{i}",
+            4,
+            usd=None,
+            grades=[0.0, 0.5, 1.0, 1.0],
+            metrics={"optimal_value": 0.99, "optimal_lambda": 0.5, "run_to_cap": 1.0},
+        )
+        for i in range(4)
+    ]
+    report = evaluate(None, traces, lam=0.5, tune_on=traces, n_boot=50)
+    assert report["exact"] is True and report["cost_unit"] == "ktokens"
+    opt = report["policies"]["optimal"]
+    assert opt["value"] == pytest.approx(0.99) and opt["gap_closed_optimal"] == pytest.approx(1.0)
+    # behavior 1 - 0.5*4 = -1; oracle stops at turn 3: 1 - 1.5 = -0.5
+    assert report["policies"]["behavior"]["value"] == pytest.approx(-1.0)
+    assert report["policies"]["oracle"]["gap_closed_optimal"] == pytest.approx(0.5 / 1.99)
+    other = evaluate(None, traces, lam=0.1, tune_on=traces, n_boot=50)
+    assert "optimal" not in other["policies"] and any("optimal" in n for n in other["notes"])
+
+
+def test_all_successes_at_no_cost_leave_no_gap_to_close() -> None:
+    traces = [step_trace(f"r{i}", f"t{i}", 3, team=1.0) for i in range(4)]
+    report = evaluate(None, traces, lam=0.0, tune_on=traces, n_boot=50)
+    assert report["policies"]["behavior"]["gap_closed"] is None
+    assert report["policies"]["oracle"]["value"] == pytest.approx(1.0)
+
+
+def test_bad_lambda_and_missing_rule_flags_are_refused() -> None:
+    with pytest.raises(TrainingError, match="lambda"):
+        evaluate(None, _runs(4, 1), lam=float("nan"))
+    dp = build_decision_points(_runs(4, 1))
+    with pytest.raises(TrainingError, match="rule_stops"):
+        evaluate(Policy.safety_only(), dp, lam=1.0)
+
+
+def _model_dir(tmp_path: Path, safety: SafetyConfig) -> Path:
+    manifest = {"kind": "heuristic", "safety": safety.to_dict(), "cost_unit": "usd", "default_lambda": 5.0}
+    return save_model_dir(tmp_path / "model", manifest)
+
+
+def test_evaluate_command_prints_one_json_object_and_draws_the_chart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs, tune = tmp_path / "runs.jsonl", tmp_path / "tune.jsonl"
+    write_traces(runs, _runs(16, 4))
+    write_traces(tune, _runs(16, 5, prefix="t"))
+    model = _model_dir(tmp_path, SafetyConfig(max_turns=3, loop=None))
+    chart = tmp_path / "pareto.png"
+    argv = ["evaluate", "--model", str(model), str(runs), "--tune-on", str(tune), "--lambda", "5"]
+    assert main([*argv, "--json", "--plot", str(chart)]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out)  # exactly one JSON object, nothing else on stdout
+    assert {"lambda", "cost_unit", "n_traces", "policies", "best_heuristic"} <= set(report)
+    assert report["policies"]["learned"]["kind"] == "heuristic"
+    assert report["lambda"] == 5.0 and report["n_traces"] == 16
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "learned (heuristic)" in table and "best heuristic:" in table
+
+
+def test_evaluate_command_reports_bad_input_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = _model_dir(tmp_path, SafetyConfig())
+    one_task = tmp_path / "one.jsonl"
+    write_traces(one_task, [step_trace("a", "same", 3), step_trace("b", "same", 4, team=0.0)])
+    assert main(["evaluate", "--model", str(model), str(one_task)]) == 2
+    err = capsys.readouterr().err
+    assert "only 1 group" in err and "--tune-on" in err and "Traceback" not in err
+    no_outcome = tmp_path / "none.jsonl"
+    write_traces(no_outcome, [step_trace("x", "t", 3, team=None)])
+    assert main(["evaluate", "--model", str(model), str(no_outcome), "--tune-on", str(one_task)]) == 2
+    assert "trace 'x' has no outcome" in capsys.readouterr().err
+
+
+def test_real_swe_runs_replay(swe_dir: Path) -> None:
+    from stopserve.importers import mini_swe_agent
+
+    traces = list(mini_swe_agent.read([swe_dir]))[::8]  # every 8th run: several repositories
+    dp = build_decision_points(traces, group_by="repo")
+    assert dp.cost_unit == "usd" and dp.n_traces == len(traces) > 30
+    assert np.unique(dp.group).size >= 3
+    assert set(np.unique(dp.trace_q_final)) <= {0.0, 1.0}
+    policy = Policy.safety_only(SafetyConfig(max_usd=0.5))
+    report = evaluate(policy, traces, lam=0.3, group_by="repo", n_boot=100)
+    pols = report["policies"]
+    assert pols["oracle"]["value"] >= pols["behavior"]["value"]
+    assert pols["behavior"]["success"] == pytest.approx(float(dp.trace_q_final.mean()))

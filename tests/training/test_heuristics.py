@@ -1,0 +1,119 @@
+"""Heuristic baselines: truncation replay, tuning, and conversion to safety configs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from eval_helpers import step_trace
+
+from stopserve.errors import TrainingError
+from stopserve.features import RunState
+from stopserve.trace import is_decision_point
+from training.heuristics import (
+    HEURISTICS,
+    HeuristicRule,
+    cross_fit_heuristics,
+    group_folds,
+    replay,
+    tune_heuristics,
+)
+from training.labels import build_decision_points
+
+
+def _dp():
+    # a: solved at step 2 of 6 (graded); b: never solved; c: solved only at its end
+    return build_decision_points(
+        [
+            step_trace("a", "t1", 6, grades=[0, 1, 1, 1, 1, 1]),
+            step_trace("b", "t2", 6, grades=[0, 0, 0, 0, 0, 0], team=0.0),
+            step_trace("c", "t3", 4, grades=[0, 0, 0, 1]),
+        ]
+    )
+
+
+def test_replay_first_stop_wins_and_no_stop_gets_the_logged_end() -> None:
+    dp = _dp()
+    stop = np.zeros(dp.n_rows, dtype=bool)
+    stop[[1, 3]] = True  # trace a: rows 1 and 3 -> the first (turn 2) wins
+    stop[dp.offsets[1] + 2] = True  # trace b at turn 3
+    rep = replay(dp, stop, lam=10.0)
+    assert rep.stop_row.tolist() == [1, dp.offsets[1] + 2, -1]
+    assert rep.stopped.tolist() == [True, True, False]
+    np.testing.assert_allclose(rep.q, [1.0, 0.0, 1.0])
+    np.testing.assert_allclose(rep.c, [0.02, 0.03, 0.04])
+    np.testing.assert_allclose(rep.value, [1.0 - 0.2, -0.3, 1.0 - 0.4])
+    with pytest.raises(TrainingError, match="one per row"):
+        replay(dp, stop[:-1], lam=1.0)
+
+
+def test_turn_cap_tuning_finds_the_best_cap() -> None:
+    dp = _dp()
+    tuned = tune_heuristics(dp, lam=10.0)
+    assert set(tuned) == set(HEURISTICS)
+    # cap 2: a keeps its success at 0.2 cost, b stops early, c loses its late success
+    # cap 4 (or none): a 1-0.4, b -0.4, c 1-0.4 -> 0.2/3*... ; brute force both and compare
+    values = {
+        cap: replay(dp, HeuristicRule(turn_cap=cap).stop_mask(dp), 10.0).mean_value for cap in range(1, 7)
+    }
+    best_cap = max(values, key=lambda k: values[k])
+    assert tuned["turn_cap"].rule.turn_cap == best_cap
+    assert tuned["turn_cap"].value == pytest.approx(values[best_cap])
+    assert tuned["combination"].value >= max(tuned[n].value for n in HEURISTICS[:-1]) - 1e-12
+    # with no cost there is nothing to save: every cap is off (ties keep the net off)
+    free = tune_heuristics(dp, lam=0.0)
+    assert free["turn_cap"].rule.turn_cap is None and free["cost_cap"].rule.cost_cap is None
+
+
+def test_cost_cap_and_reward_threshold_match_the_safety_nets() -> None:
+    traces = [
+        step_trace("a", "t1", 5, rewards=[0.1, 0.95, 0.2, 0.3, 0.99], grades=[0, 1, 1, 1, 1]),
+        step_trace("b", "t2", 5, rewards=[0.1, 0.2, 0.3, 0.4, 0.5], team=0.0, usd=0.02),
+        step_trace("c", "t3", 8, loop_from=2, team=0.0),
+    ]
+    dp = build_decision_points(traces)
+    tuned = tune_heuristics(dp, lam=5.0)
+    for h in tuned.values():
+        config = h.to_safety_config()
+        # the config, run live on each trace, stops exactly where the replayed rule does
+        expected = h.stop_mask(dp)
+        got = []
+        for trace in traces:
+            state = RunState(topology=trace.topology, budget=trace.budget)
+            for ev in trace.events:
+                state.fold(ev)
+                if is_decision_point(ev):
+                    got.append(config.check(state) is not None)
+        assert got == expected.tolist(), h.name
+
+
+def test_cost_cap_in_thousands_of_tokens_becomes_max_tokens() -> None:
+    config = HeuristicRule(cost_cap=2.5).to_safety_config("ktokens")
+    assert config.max_tokens == 2500 and config.max_usd is None
+    assert not config.loop.enabled
+    assert HeuristicRule(loop=True).to_safety_config("usd").loop.enabled
+
+
+def test_cross_fitting_never_tunes_on_the_held_out_group() -> None:
+    traces = [
+        step_trace(f"r{i}", f"task{i}", 3 + i % 3, grades=[0, 1, 1, 1, 1][: 3 + i % 3]) for i in range(6)
+    ]
+    dp = build_decision_points(traces)
+    masks, params = cross_fit_heuristics(dp, lam=1.0, folds=3, seed=1)
+    assert set(masks) == set(HEURISTICS)
+    assert all(m.shape == (dp.n_rows,) for m in masks.values())
+    assert len(params["turn_cap"]) == 3
+    folds = group_folds(dp.group, 3, 1)
+    assert sorted(np.bincount(folds).tolist()) == [2, 2, 2]
+
+
+def test_a_single_group_cannot_be_cross_fitted() -> None:
+    dp = build_decision_points([step_trace("a", "same", 3), step_trace("b", "same", 2)])
+    with pytest.raises(TrainingError, match="only 1 group"):
+        cross_fit_heuristics(dp, lam=1.0)
+
+
+def test_all_failures_make_the_earliest_stop_best() -> None:
+    dp = build_decision_points([step_trace(f"r{i}", f"t{i}", 4, team=0.0) for i in range(3)])
+    tuned = tune_heuristics(dp, lam=1.0)
+    assert tuned["turn_cap"].rule.turn_cap == 1
+    assert tuned["turn_cap"].value == pytest.approx(-0.01)

@@ -257,7 +257,7 @@ _KINDS = ("spawn", "delegate", "communicate", "tool_use", "return", "aggregate",
 
 @st.composite
 def traces(draw: st.DrawFn) -> Trace:
-    n = draw(st.integers(1, 60))
+    n = draw(st.integers(1, 40))
     t = 0.0
     events: list[dict[str, Any]] = []
     for i in range(n):
@@ -286,7 +286,7 @@ def traces(draw: st.DrawFn) -> Trace:
     return Trace.model_validate({"trace_id": "r", "task_id": "t", "topology": topology, "events": events})
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(trace=traces(), seed=st.integers(0, 2**32 - 1))
 def test_chunked_fold_equals_one_pass(trace: Trace, seed: int) -> None:
     budget = Budget(max_turns=20, max_tokens=50_000)

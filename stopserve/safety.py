@@ -1,0 +1,358 @@
+"""Safety nets: hard stop rules that always apply and override the model.
+
+Conditions: ``max_turns``, ``max_seconds``, ``max_tokens``, ``max_usd`` (stop with
+``budget_exhausted`` and the ``limit``), ``quality_met`` (the latest reward on a
+channel reached a threshold), and the loop detector (``loop_detected`` with the
+pattern). ``min_turns`` is a veto, not a stop: before it, model stops, proposed
+stops and ``quality_met`` are refused (verification gets its chance); budget and
+loop stops are not. The run's own :class:`~stopserve.trace.Budget` (given to its
+:class:`~stopserve.features.RunState`) is enforced too, as if its caps were
+``max_*`` keys here.
+
+A config is JSON; flat keys are any-of; ``{"any": [...]}`` and ``{"all": [...]}``
+compose, and so do the ``|`` and ``&`` operators (as AutoGen's termination
+conditions do):
+
+>>> cfg = SafetyConfig.loads('{"max_turns": 50, "quality_met": 0.9}')
+>>> both = SafetyConfig(max_tokens=10_000) & SafetyConfig(quality_met=0.8)
+>>> SafetyConfig.loads(both.dumps()) == both
+True
+
+``SafetyConfig()`` is the recommended default: the loop detector on with the
+thresholds tuned on real runs (``docs/safety.md``), ``min_turns`` 2, no budget.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from stopserve.errors import ConfigError, Issue
+from stopserve.features import LOOP_PATTERNS, RunState
+from stopserve.trace import Limit, StopReason, Trace, is_decision_point
+
+__all__ = ["LoopConfig", "SafetyConfig", "SafetyStop"]
+
+
+@dataclass(frozen=True, slots=True)
+class SafetyStop:
+    """A safety net fired: which one, the format-v1 stop reason, and why."""
+
+    name: str
+    reason: StopReason
+    limit: Limit | None = None
+    pattern: str | None = None
+    events: list[str] = field(default_factory=list)
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "name": self.name,
+            "reason": self.reason,
+            "limit": self.limit,
+            "pattern": self.pattern,
+            "events": list(self.events),
+            "message": self.message,
+        }
+
+
+class LoopConfig(BaseModel):
+    """Loop-detector thresholds (after OpenHands' stuck detector); 0 (or ``null``) turns one off.
+
+    * ``repeated_action_observation``: the same action with the same result this many
+      times in a row;
+    * ``repeated_action_error``: the same action failing this many times in a row;
+    * ``monologue``: the same message by one agent this many times, nothing between;
+    * ``alternating_actions``: this many actions alternating A-B-A-B... (with results).
+
+    An action is a ``tool_use`` event, identified by (agent, tool, content_ref); its
+    result is the first ``return`` event after it (before the next ``tool_use``),
+    identified by its content_ref; it failed when either event has ``error: true``.
+    Events without a content_ref never count as repeats. ``"loop": false`` (or
+    ``null``) in a config turns the whole detector off.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    repeated_action_observation: int = Field(default=4, ge=0)
+    repeated_action_error: int = Field(default=3, ge=0)
+    monologue: int = Field(default=3, ge=0)
+    alternating_actions: int = Field(default=6, ge=0)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _null_is_off(cls, value: Any) -> Any:
+        return 0 if value is None else value
+
+    @field_validator("repeated_action_observation", "repeated_action_error", "monologue")
+    @classmethod
+    def _at_least_two(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("a threshold must be 0 (off) or at least 2: one event is no loop")
+        return value
+
+    @field_validator("alternating_actions")
+    @classmethod
+    def _at_least_four(cls, value: int) -> int:
+        if 0 < value < 4:
+            raise ValueError("must be 0 (off) or at least 4: A-B-A-B is the shortest alternation")
+        return value
+
+    def check(self, state: RunState) -> SafetyStop | None:
+        """The first loop pattern at or above its threshold, or ``None``."""
+        if not self.enabled:
+            return None
+        for pattern in LOOP_PATTERNS:
+            threshold: int = getattr(self, pattern)
+            if not threshold:
+                continue
+            run = state.loop_run(pattern)
+            if run >= threshold:
+                return SafetyStop(
+                    name="loop_detector",
+                    reason="loop_detected",
+                    pattern=pattern,
+                    events=state.loop_events(pattern),
+                    message=f"loop detected: {pattern} x{run} (threshold {threshold})",
+                )
+        return None
+
+
+_BUDGETS: tuple[tuple[str, Limit], ...] = (
+    ("max_turns", "turns"),
+    ("max_seconds", "seconds"),
+    ("max_tokens", "tokens"),
+    ("max_usd", "usd"),
+)
+_UNITS = {"turns": "turns", "seconds": "s", "tokens": "tokens", "usd": "USD"}
+
+
+def _used(state: RunState, limit: Limit) -> float:
+    if limit == "turns":
+        return state.turn
+    if limit == "seconds":
+        return state.elapsed
+    if limit == "tokens":
+        return state.tokens
+    return state.usd
+
+
+class SafetyConfig(BaseModel):
+    """Safety nets as data: load and dump JSON, compose with ``|`` and ``&``.
+
+    Flat keys are any-of: the config fires when any of its own conditions fires,
+    when any config in ``any`` fires, or when every config in ``all`` fires.
+    ``check`` returns the first stop found (budgets, then loops, then quality).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    max_turns: int | None = Field(default=None, ge=0)
+    max_seconds: float | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_usd: float | None = Field(default=None, ge=0)
+    min_turns: int = Field(default=2, ge=0)
+    quality_met: float | None = None
+    quality_channel: str | None = None
+    loop: LoopConfig = Field(default_factory=LoopConfig)
+    any: list[SafetyConfig] | None = None
+    all: list[SafetyConfig] | None = None
+
+    _min_turns: int = PrivateAttr(default=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _loop_switch(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "loop" in data and data["loop"] in (None, False, True):
+            data = dict(data)
+            data["loop"] = {"enabled": bool(data["loop"])}
+        return data
+
+    def model_post_init(self, context: Any, /) -> None:
+        children = [*(self.any or ()), *(self.all or ())]
+        self._min_turns = max([self.min_turns, *(c._min_turns for c in children)])
+
+    # ------------------------------------------------------------------ composing
+
+    def __or__(self, other: SafetyConfig) -> SafetyConfig:
+        """Stop when either config would."""
+        if not isinstance(other, SafetyConfig):
+            return NotImplemented
+        return SafetyConfig(min_turns=0, loop=LoopConfig(enabled=False), any=[self, other])
+
+    def __and__(self, other: SafetyConfig) -> SafetyConfig:
+        """Stop only when both configs would (at the same decision point)."""
+        if not isinstance(other, SafetyConfig):
+            return NotImplemented
+        return SafetyConfig(min_turns=0, loop=LoopConfig(enabled=False), all=[self, other])
+
+    # ------------------------------------------------------------------ deciding
+
+    @property
+    def effective_min_turns(self) -> int:
+        """The largest ``min_turns`` anywhere in the config."""
+        return self._min_turns
+
+    def allows_stop(self, state: RunState) -> bool:
+        """Whether a model, proposed or quality stop may happen now (``min_turns`` reached)."""
+        return state.turn >= self._min_turns
+
+    def check(self, state: RunState) -> SafetyStop | None:
+        """The safety stop that applies to ``state`` now, or ``None`` to go on.
+
+        The run's budget (``state.budget``) is enforced as well as this config's caps.
+        """
+        budget = state.budget
+        if budget is not None:
+            for key, limit in _BUDGETS:
+                cap = getattr(budget, key)
+                if cap is not None and _used(state, limit) >= cap:
+                    return self._budget_stop(state, key, limit, cap, "the run's budget")
+        return self._check(state, state.turn >= self._min_turns)
+
+    def _budget_stop(self, state: RunState, key: str, limit: Limit, cap: float, whose: str) -> SafetyStop:
+        used = _used(state, limit)
+        unit = _UNITS[limit]
+        return SafetyStop(
+            name=key,
+            reason="budget_exhausted",
+            limit=limit,
+            message=f"{key}: {used:g} {unit} used, {whose} allows {cap:g}",
+        )
+
+    def _check(self, state: RunState, allowed: bool) -> SafetyStop | None:
+        for key, limit in _BUDGETS:
+            cap = getattr(self, key)
+            if cap is not None and _used(state, limit) >= cap:
+                return self._budget_stop(state, key, limit, cap, "the safety config")
+        fired = self.loop.check(state)
+        if fired is not None:
+            return fired
+        if allowed and self.quality_met is not None:
+            value = state.latest_reward_on(self.quality_channel)
+            if value is not None and value >= self.quality_met:
+                channel = self.quality_channel or "primary"
+                return SafetyStop(
+                    name="quality_met",
+                    reason="quality_met",
+                    message=f"quality_met: reward {value:g} on the {channel} channel >= {self.quality_met:g}",
+                )
+        for child in self.any or ():
+            fired = child._check(state, allowed)
+            if fired is not None:
+                return fired
+        if self.all:
+            stops: list[SafetyStop] = []
+            for child in self.all:
+                fired = child._check(state, allowed)
+                if fired is None:
+                    return None
+                stops.append(fired)
+            first = stops[0]
+            names = list(dict.fromkeys(s.name for s in stops))
+            events = list(dict.fromkeys(e for s in stops for e in s.events))
+            return SafetyStop(
+                name="&".join(names),
+                reason=first.reason,
+                limit=first.limit,
+                pattern=first.pattern,
+                events=events,
+                message=" and ".join(s.message for s in stops),
+            )
+        return None
+
+    # ------------------------------------------------------------------ JSON
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str | None = None) -> SafetyConfig:
+        """Validate config data; a bad one raises :class:`ConfigError` naming each field."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            issues = [
+                Issue(_message(err), file=source, path=_path(err["loc"]) or None) for err in exc.errors()
+            ]
+            where = f"{source}: " if source else ""
+            raise ConfigError(f"{where}invalid safety config ({len(issues)} problems)", issues) from None
+
+    @classmethod
+    def loads(cls, text: str | bytes, *, source: str | None = None) -> SafetyConfig:
+        """Parse a JSON config."""
+        try:
+            data = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            where = f"{source}: " if source else ""
+            raise ConfigError(f"{where}safety config is not valid JSON: {exc}") from None
+        return cls.from_dict(data, source=source)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> SafetyConfig:
+        """Read a JSON config file."""
+        p = Path(path)
+        try:
+            text = p.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{p}: cannot read safety config: {exc.strerror or exc}") from None
+        return cls.loads(text, source=str(p))
+
+    def first_stop(self, trace: Trace) -> tuple[int, int, SafetyStop] | None:
+        """Replay a logged run: the first decision point where a net fires, or ``None``.
+
+        Returns ``(turn, index of the event it follows, stop)``; the trace's own
+        budget applies, as it would have live.
+        """
+        state = RunState(trace.topology, trace.budget)
+        for i, event in enumerate(trace.events):
+            state.fold(event)
+            if is_decision_point(event):
+                fired = self.check(state)
+                if fired is not None:
+                    return state.turn, i, fired
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data that :meth:`from_dict` reads back to an equal config."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def dumps(self) -> str:
+        """The config as JSON text."""
+        return orjson.dumps(self.to_dict()).decode()
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in _UNION_TAGS:
+            out += part if not out else f".{part}"
+    return out
+
+
+_UNION_TAGS = frozenset({"int", "float", "bool", "str", "list[SafetyConfig]", "LoopConfig", "SafetyConfig"})
+
+
+def _message(err: Any) -> str:
+    kind = err.get("type")
+    if kind == "extra_forbidden":
+        return "unknown field"
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    value = err.get("input")
+    if value is None or isinstance(value, dict | list):
+        return msg
+    return f"{msg} (got {value!r})"

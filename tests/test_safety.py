@@ -1,0 +1,319 @@
+"""Tests of the safety nets and the loop detector (stopserve.safety)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stopserve.errors import ConfigError
+from stopserve.features import RunState
+from stopserve.safety import LoopConfig, SafetyConfig, SafetyStop
+from stopserve.trace import Budget, Event, Trace
+
+
+def ev(i: int, kind: str, **kw: Any) -> Event:
+    data: dict[str, Any] = {"id": f"e{i}", "t": float(kw.pop("t", i)), "type": kind, "agent": "a"}
+    data.update(kw)
+    return Event.model_validate(data)
+
+
+def steps(state: RunState, pairs: list[tuple[str, str | None, bool]], start: int = 0) -> int:
+    """Fold (action ref, result ref, failed) steps as tool_use + return; return the next index."""
+    i = start
+    for action, result, failed in pairs:
+        state.fold(ev(i, "tool_use", tool="bash", content_ref=action))
+        state.fold(ev(i + 1, "return", agent="bash", content_ref=result, error=failed))
+        i += 2
+    return i
+
+
+# ---------------------------------------------------------------- budgets and quality
+
+
+@pytest.mark.parametrize(
+    ("cfg", "limit", "kw"),
+    [
+        (SafetyConfig(max_turns=3), "turns", {}),
+        (SafetyConfig(max_seconds=2.0), "seconds", {}),
+        (SafetyConfig(max_tokens=250), "tokens", {"tokens": 100}),
+        (SafetyConfig(max_usd=0.3), "usd", {"usd": 0.1}),
+    ],
+)
+def test_budget_nets(cfg: SafetyConfig, limit: str, kw: dict[str, Any]) -> None:
+    s = RunState()
+    fired: list[SafetyStop] = []
+    for i in range(5):
+        s.fold(ev(i, "return", **kw))
+        stop = cfg.check(s)
+        if stop is not None:
+            fired.append(stop)
+            break
+    assert fired, "the budget never fired"
+    stop = fired[0]
+    assert stop.reason == "budget_exhausted" and stop.limit == limit and stop.name == f"max_{limit}"
+    assert s.turn == 3 and stop.name in stop.message
+
+
+def test_run_budget_is_enforced_too() -> None:
+    s = RunState(budget=Budget(max_turns=2))
+    cfg = SafetyConfig()
+    s.fold(ev(0, "return"))
+    assert cfg.check(s) is None
+    s.fold(ev(1, "return"))
+    stop = cfg.check(s)
+    assert stop is not None and stop.limit == "turns" and "run's budget" in stop.message
+
+
+def test_quality_met_waits_for_min_turns() -> None:
+    cfg = SafetyConfig(quality_met=0.8, min_turns=3)
+    s = RunState()
+    s.fold(ev(0, "reward", value=0.95))
+    assert cfg.check(s) is None and not cfg.allows_stop(s)
+    s.fold(ev(1, "reward", value=0.5))
+    s.fold(ev(2, "reward", value=0.85))
+    assert cfg.allows_stop(s)
+    stop = cfg.check(s)
+    assert stop is not None and stop.reason == "quality_met" and stop.limit is None
+
+
+def test_quality_met_on_a_named_channel() -> None:
+    cfg = SafetyConfig(quality_met=0.8, quality_channel="tests", min_turns=0)
+    s = RunState()
+    s.fold(ev(0, "reward", value=0.9))  # primary channel "quality"
+    assert cfg.check(s) is None
+    s.fold(ev(1, "reward", value=0.9, channel="tests"))
+    assert cfg.check(s) is not None
+
+
+def test_budget_stops_are_not_vetoed_by_min_turns() -> None:
+    cfg = SafetyConfig(max_tokens=10, min_turns=5)
+    s = RunState()
+    s.fold(ev(0, "return", tokens=20))
+    assert not cfg.allows_stop(s)
+    stop = cfg.check(s)
+    assert stop is not None and stop.limit == "tokens"
+
+
+# ---------------------------------------------------------------- loop detector
+
+
+def test_same_action_same_result_four_times() -> None:
+    cfg = SafetyConfig()
+    s = RunState()
+    i = steps(s, [("ls", "out", False)] * 3)
+    assert cfg.check(s) is None
+    steps(s, [("ls", "out", False)], start=i)
+    stop = cfg.check(s)
+    assert stop is not None
+    assert (stop.name, stop.reason, stop.pattern) == (
+        "loop_detector",
+        "loop_detected",
+        "repeated_action_observation",
+    )
+    assert stop.events == [f"e{j}" for j in range(8)]
+
+
+def test_same_action_different_results_is_no_loop() -> None:
+    s = RunState()
+    steps(s, [("pytest", f"out{k}", False) for k in range(10)])
+    assert SafetyConfig().check(s) is None
+
+
+def test_unknown_content_never_counts_as_a_repeat() -> None:
+    s = RunState()
+    steps(s, [(None, None, True)] * 10)  # type: ignore[list-item]
+    assert SafetyConfig().check(s) is None
+
+
+def test_same_action_failing_three_times() -> None:
+    s = RunState()
+    i = steps(s, [("make", "err1", True), ("make", "err2", True)])
+    assert SafetyConfig().check(s) is None
+    steps(s, [("make", "err3", True)], start=i)
+    stop = SafetyConfig().check(s)
+    assert stop is not None and stop.pattern == "repeated_action_error"
+    assert stop.events == [f"e{j}" for j in range(6)]
+
+
+def test_an_error_between_successes_resets() -> None:
+    s = RunState()
+    steps(s, [("make", "e", True), ("make", "e2", True), ("make", "ok", False), ("make", "e3", True)])
+    assert s.loop_run("repeated_action_error") == 1
+    assert SafetyConfig().check(s) is None
+
+
+def test_monologue_three_times_nothing_between() -> None:
+    s = RunState()
+    s.fold(ev(0, "communicate", content_ref="hmm"))
+    s.fold(ev(1, "communicate", content_ref="hmm"))
+    s.fold(ev(2, "return", agent="b"))  # something between resets
+    for i in range(3, 5):
+        s.fold(ev(i, "communicate", content_ref="hmm"))
+    assert SafetyConfig().check(s) is None
+    s.fold(ev(5, "communicate", content_ref="hmm", agent="other"))  # another agent resets too
+    s.fold(ev(6, "communicate", content_ref="hmm", agent="other"))
+    s.fold(ev(7, "communicate", content_ref="hmm", agent="other"))
+    stop = SafetyConfig().check(s)
+    assert stop is not None and stop.pattern == "monologue" and stop.events == ["e5", "e6", "e7"]
+
+
+def test_alternation_over_six_actions() -> None:
+    s = RunState()
+    ab = [("A", "a", False), ("B", "b", False)]
+    i = steps(s, ab * 2 + ab[:1])
+    assert SafetyConfig().check(s) is None
+    steps(s, ab[1:], start=i)
+    stop = SafetyConfig().check(s)
+    assert stop is not None and stop.pattern == "alternating_actions"
+    assert stop.events == [f"e{j}" for j in range(12)]
+
+
+def test_thresholds_are_configurable_and_can_be_off() -> None:
+    s = RunState()
+    steps(s, [("ls", "out", False)] * 2)
+    assert SafetyConfig().check(s) is None
+    cfg = SafetyConfig(loop=LoopConfig(repeated_action_observation=2))
+    assert cfg.check(s) is not None
+    steps(s, [("ls", "out", False)] * 5, start=10)
+    assert SafetyConfig(loop=LoopConfig(repeated_action_observation=0)).check(s) is None
+    assert SafetyConfig.loads('{"loop": false}').check(s) is None
+    assert SafetyConfig.loads('{"loop": null}').check(s) is None
+
+
+# ---------------------------------------------------------------- composition and JSON
+
+
+def test_or_and_compose() -> None:
+    tokens = SafetyConfig(max_tokens=100, min_turns=0, loop=LoopConfig(enabled=False))
+    quality = SafetyConfig(quality_met=0.9, min_turns=0, loop=LoopConfig(enabled=False))
+    s = RunState()
+    s.fold(ev(0, "reward", value=0.95, tokens=10))
+    assert (tokens & quality).check(s) is None
+    fired = (tokens | quality).check(s)
+    assert fired is not None and fired.reason == "quality_met"
+    s.fold(ev(1, "reward", value=0.95, tokens=100))
+    both = (tokens & quality).check(s)
+    assert both is not None and both.name == "max_tokens&quality_met" and both.limit == "tokens"
+
+
+def test_and_keeps_the_loop_net_of_its_parts() -> None:
+    s = RunState()
+    steps(s, [("ls", "out", False)] * 4)
+    assert (SafetyConfig(max_tokens=10**9) & SafetyConfig(quality_met=0.99)).check(s) is not None
+
+
+def test_min_turns_of_any_part_applies() -> None:
+    cfg = SafetyConfig(min_turns=0) | SafetyConfig(min_turns=7)
+    assert cfg.effective_min_turns == 7
+
+
+def test_json_examples_from_the_brief() -> None:
+    text = (
+        '{"max_turns": 50, "max_seconds": 600, "max_tokens": 2000000, "max_usd": 5.0,'
+        ' "min_turns": 2, "quality_met": 0.9, "loop": {"repeated_action_error": 5}}'
+    )
+    cfg = SafetyConfig.loads(text)
+    assert cfg.max_tokens == 2_000_000 and cfg.loop.repeated_action_error == 5
+    composed = SafetyConfig.loads(
+        '{"any": [{"max_turns": 5}, {"all": [{"max_usd": 1}, {"quality_met": 0.5}]}]}'
+    )
+    assert composed.any is not None and composed.any[1].all is not None
+    assert SafetyConfig.loads(composed.dumps()) == composed
+
+
+def test_dump_without_nones_round_trips() -> None:
+    # the client sends model_dump(exclude_none=True): switched-off nets must stay off
+    cfg = SafetyConfig(loop=LoopConfig(enabled=False, monologue=0))
+    again = SafetyConfig.model_validate(cfg.model_dump(mode="json", exclude_none=True))
+    assert again == cfg and not again.loop.enabled
+
+
+_leaf = st.builds(
+    SafetyConfig,
+    max_turns=st.one_of(st.none(), st.integers(0, 100)),
+    max_usd=st.one_of(st.none(), st.floats(0, 10)),
+    quality_met=st.one_of(st.none(), st.floats(0, 1)),
+    min_turns=st.integers(0, 5),
+    loop=st.builds(LoopConfig, enabled=st.booleans(), monologue=st.sampled_from([0, 2, 3, 9])),
+)
+_configs = st.recursive(
+    _leaf,
+    lambda kids: st.tuples(kids, kids, st.booleans()).map(lambda t: t[0] | t[1] if t[2] else t[0] & t[1]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cfg=_configs)
+def test_json_round_trip(cfg: SafetyConfig) -> None:
+    assert SafetyConfig.loads(cfg.dumps()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('{"max_turn": 5}', "max_turn"),
+        ('{"max_usd": -1}', "max_usd"),
+        ('{"loop": {"monologue": 1}}', "loop.monologue"),
+        ('{"loop": {"alternating_actions": 3}}', "loop.alternating_actions"),
+        ('{"any": [{"max_tokens": "lots"}]}', "any[0].max_tokens"),
+        ('{"all": [{}, {"min_turns": -2}]}', "all[1].min_turns"),
+        ('{"quality_met": NaN}', None),
+    ],
+)
+def test_bad_config_names_the_field(text: str, field: str | None) -> None:
+    with pytest.raises(ConfigError) as info:
+        SafetyConfig.loads(text, source="safety.json")
+    assert "safety.json" in str(info.value)
+    if field is not None:
+        assert [i.path for i in info.value.issues] == [field]
+
+
+def test_config_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        SafetyConfig.load(tmp_path / "missing.json")
+    p = tmp_path / "s.json"
+    p.write_text('{"max_turns": 3}')
+    assert SafetyConfig.load(p).max_turns == 3
+
+
+# ---------------------------------------------------------------- real runs
+
+
+@pytest.fixture(scope="module")
+def swe_traces(swe_dir: Path) -> list[Trace]:
+    from stopserve.importers import mini_swe_agent
+
+    return list(mini_swe_agent.read([str(swe_dir)]))
+
+
+def test_defaults_cut_no_resolved_swe_run(swe_traces: list[Trace]) -> None:
+    cfg = SafetyConfig()
+    traces = swe_traces
+    resolved = [t for t in traces if t.rewards.get("team") == 1.0]
+    assert len(resolved) == 234
+    cut = [t.trace_id for t in resolved if cfg.first_stop(t) is not None]
+    assert cut == []
+
+
+def test_a_real_run_made_to_loop_is_caught(swe_traces: list[Trace]) -> None:
+    trace = swe_traces[0]
+    events = [e for e in trace.events if e.type != "stop"]
+    act, res = next(
+        (a, r) for a, r in itertools.pairwise(events) if a.type == "tool_use" and r.type == "return"
+    )
+    t = events[-1].t
+    extra = []
+    for k in range(4):
+        extra.append(act.model_copy(update={"id": f"loop-a{k}", "t": t + k}))
+        extra.append(res.model_copy(update={"id": f"loop-r{k}", "t": t + k + 0.5}))
+    looped = trace.model_copy(update={"events": events + extra, "stop": None})
+    found = SafetyConfig().first_stop(looped)
+    assert found is not None
+    _turn, index, stop = found
+    assert stop.pattern == "repeated_action_observation" and index == len(looped.events) - 1
+    assert stop.events[-1] == "loop-r3"

@@ -1,0 +1,866 @@
+"""Python client for the stopserve service, failing safe to local safety nets.
+
+:class:`StopClient` (sync) and :class:`AsyncStopClient` (asyncio) talk to
+``POST /v1/runs/{run_id}/decide`` over one reused httpx connection pool, with a
+short per-call timeout (200 ms by default). Every event sent is also folded
+into a local :class:`~stopserve.features.RunState`, so when the service is
+unreachable, slow, overloaded or answers 5xx the client still answers at once
+from the same safety nets (:class:`~stopserve.safety.SafetyConfig`), marking the
+decision ``degraded=True``. An orchestrator never hangs or crashes because its
+sidecar is down.
+
+Retries are safe: the service ignores event ids it has already seen, so events
+a failed call may or may not have delivered are simply sent again with the
+next call. After a failure the client skips the service for ``cooldown``
+seconds (a circuit breaker), so a dead sidecar costs one timeout, not one per
+turn.
+
+:class:`EventRecorder` turns an orchestrator's own actions into format-v1
+events (ids, clock, tokens, content hashes)::
+
+    client, rec = StopClient("http://127.0.0.1:8080"), EventRecorder(agent="orchestrator")
+    for step in range(100):
+        output = run_tool(cmd)                     # your agent loop
+        rec.tool_use("bash", content=cmd, tokens=n_tokens)
+        rec.returned("bash", content=output, error=failed)
+        if client.decide(run_id, rec.drain()).action == "stop":
+            break
+    client.outcome(run_id, {"team": score})
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Final
+from urllib.parse import quote
+
+import httpx
+import orjson
+from pydantic import ValidationError
+
+from stopserve.api import DecideResponse, ErrorBody, ModelInfo, OutcomeResponse
+from stopserve.errors import (
+    AuthError,
+    ConfigError,
+    Issue,
+    RunClosedError,
+    RunLimitError,
+    RunNotFoundError,
+    StopServeError,
+    TraceValidationError,
+)
+from stopserve.features import RunState
+from stopserve.policy import Policy
+from stopserve.safety import SafetyConfig
+from stopserve.trace import Budget, Event, Stop, StopReason, Topology
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "AsyncStopClient",
+    "EventRecorder",
+    "StopClient",
+    "content_ref",
+]
+
+log = logging.getLogger("stopserve.client")
+
+#: Seconds one HTTP call may take (each of connect, write, read) before the client decides locally.
+DEFAULT_TIMEOUT: Final = 0.2
+#: Status codes that mean "the service cannot answer now": decide locally, retry later.
+_UNAVAILABLE: Final = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+EventLike = Event | Mapping[str, Any]
+BudgetLike = Budget | Mapping[str, Any]
+SafetyLike = SafetyConfig | Mapping[str, Any]
+
+
+class _UnavailableError(Exception):
+    """The service could not answer (network, timeout, 5xx, garbage): decide locally."""
+
+
+# --------------------------------------------------------------------------- content hashes
+
+
+def content_ref(content: Any) -> str:
+    """A short stable hash of ``content`` for ``Event.content_ref``: equal content, equal ref.
+
+    Strings and bytes are hashed as they are; anything else as sorted JSON.
+
+    >>> content_ref("ls -la") == content_ref("ls -la") != content_ref("ls")
+    True
+    """
+    if isinstance(content, bytes):
+        raw = content
+    elif isinstance(content, str):
+        raw = content.encode("utf-8", "surrogatepass")
+    else:
+        raw = orjson.dumps(content, option=orjson.OPT_SORT_KEYS, default=str)
+    return "sha256:" + hashlib.sha256(raw).hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------- event recorder
+
+
+class EventRecorder:
+    """Turns an orchestrator's actions into format-v1 events, with ids, clock and hashes.
+
+    Each method records one event and returns it; :meth:`drain` hands over the events
+    recorded since the last drain (what to pass to ``decide``). Times are seconds since
+    the recorder was created, from a monotonic clock. Raw content is never kept: only
+    its hash (:func:`content_ref`), so repetition can be detected without storing text.
+
+    >>> rec = EventRecorder(agent="orchestrator", id_prefix="r1-")
+    >>> rec.tool_use("bash", content="ls").type, rec.returned("bash", content="a.py").type
+    ('tool_use', 'return')
+    >>> [e.id for e in rec.drain()], rec.drain()
+    (['r1-1', 'r1-2'], [])
+    """
+
+    def __init__(self, agent: str = "orchestrator", *, id_prefix: str | None = None) -> None:
+        self.agent = agent
+        self.id_prefix = id_prefix if id_prefix is not None else uuid.uuid4().hex[:8] + "-"
+        self._t0 = time.monotonic()
+        self._n = 0
+        self._last_t = 0.0
+        self._pending: list[Event] = []
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the recorder started."""
+        return time.monotonic() - self._t0
+
+    def record(
+        self,
+        type: str,
+        *,
+        agent: str | None = None,
+        content: Any = None,
+        tokens: int | None = None,
+        usd: float | None = None,
+        error: bool | None = None,
+        **fields: Any,
+    ) -> Event:
+        """Record one event of any format-v1 type; extra ``fields`` go in as they are."""
+        self._n += 1
+        t = max(self._last_t, round(self.elapsed, 6))
+        self._last_t = t
+        data: dict[str, Any] = {
+            "id": f"{self.id_prefix}{self._n}",
+            "t": t,
+            "type": type,
+            "agent": agent or self.agent,
+        }
+        if content is not None:
+            data["content_ref"] = content_ref(content)
+        for key, value in (("tokens", tokens), ("usd", usd), ("error", error)):
+            if value is not None:
+                data[key] = value
+        data.update({k: v for k, v in fields.items() if v is not None})
+        try:
+            event = Event.model_validate(data)
+        except ValidationError as exc:
+            self._n -= 1
+            issues = [Issue(e["msg"], path=".".join(map(str, e["loc"])) or None) for e in exc.errors()]
+            raise TraceValidationError(f"EventRecorder: invalid {type!r} event", issues) from None
+        self._pending.append(event)
+        return event
+
+    def spawn(self, agent: str, **fields: Any) -> Event:
+        """An agent is brought in."""
+        return self.record("spawn", agent=agent, **fields)
+
+    def delegate(self, to: str, *, content: Any = None, **fields: Any) -> Event:
+        """Work is assigned to agent ``to``."""
+        return self.record("delegate", to=to, content=content, **fields)
+
+    def communicate(self, *, content: Any = None, **fields: Any) -> Event:
+        """A message between agents."""
+        return self.record("communicate", content=content, **fields)
+
+    def tool_use(self, tool: str, *, content: Any = None, **fields: Any) -> Event:
+        """A tool call (``content``: its arguments or command)."""
+        return self.record("tool_use", tool=tool, content=content, **fields)
+
+    def returned(self, tool: str | None = None, *, content: Any = None, **fields: Any) -> Event:
+        """A tool or sub-agent hands a result back (a decision point)."""
+        return self.record("return", tool=tool, content=content, **fields)
+
+    def aggregate(self, *, content: Any = None, **fields: Any) -> Event:
+        """Results are combined into an answer (a decision point)."""
+        return self.record("aggregate", content=content, **fields)
+
+    def reward(self, value: float, *, channel: str | None = None, **fields: Any) -> Event:
+        """A run-time reward signal, e.g. a verifier score (a decision point)."""
+        return self.record("reward", value=value, channel=channel, **fields)
+
+    def stop(self, reason: StopReason, *, proposed: bool = False, **fields: Any) -> Event:
+        """The run stops, or (``proposed=True``) the orchestrator proposes to stop."""
+        return self.record("stop", reason=reason, proposed=proposed, **fields)
+
+    def drain(self) -> list[Event]:
+        """The events recorded since the last drain (and forget them)."""
+        out, self._pending = self._pending, []
+        return out
+
+
+# --------------------------------------------------------------------------- local state
+
+
+def _as_event(item: EventLike, index: int) -> Event:
+    if isinstance(item, Event):
+        return item
+    try:
+        return Event.model_validate(item)
+    except ValidationError as exc:
+        issues = [
+            Issue(e["msg"], path=f"events[{index}]." + ".".join(map(str, e["loc"]))) for e in exc.errors()
+        ]
+        raise TraceValidationError(f"invalid event at events[{index}]", issues) from None
+
+
+def _as_budget(budget: BudgetLike | None) -> Budget | None:
+    if budget is None or isinstance(budget, Budget):
+        return budget
+    try:
+        return Budget.model_validate(budget)
+    except ValidationError as exc:
+        issues = [Issue(e["msg"], path="budget." + ".".join(map(str, e["loc"]))) for e in exc.errors()]
+        raise ConfigError("invalid budget", issues) from None
+
+
+def _as_safety(safety: SafetyLike | None) -> SafetyConfig | None:
+    if safety is None or isinstance(safety, SafetyConfig):
+        return safety
+    return SafetyConfig.from_dict(dict(safety), source="safety")
+
+
+@dataclass(slots=True)
+class _LocalRun:
+    """What the client keeps per run: the folded state and events the service has not confirmed."""
+
+    state: RunState
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    pending_ids: set[str] = field(default_factory=set)
+    dropped: int = 0
+
+
+class _Core:
+    """Transport-free logic shared by the sync and async clients."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float,
+        outcome_timeout: float,
+        retries: int,
+        cooldown: float,
+        budget: BudgetLike | None,
+        lam: float | None,
+        safety: SafetyLike | None,
+        topology: Topology | None,
+        raise_on_client_error: bool,
+        max_runs: int,
+        max_pending: int,
+        headers: Mapping[str, str] | None,
+    ) -> None:
+        if timeout <= 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
+        if retries < 0:
+            raise ConfigError(f"retries must be >= 0, got {retries}")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.outcome_timeout = outcome_timeout
+        self.retries = retries
+        self.cooldown = cooldown
+        self.budget = _as_budget(budget)
+        self.lam = lam
+        self.safety_given = _as_safety(safety)
+        self.safety = self.safety_given or SafetyConfig()
+        self.topology = topology
+        self.raise_on_client_error = raise_on_client_error
+        self.max_runs = max_runs
+        self.max_pending = max_pending
+        self.headers = dict(headers or {})
+        self._runs: OrderedDict[str, _LocalRun] = OrderedDict()
+        self._down_until = 0.0
+        self._lock = threading.Lock()
+        self._policy = Policy.safety_only(self.safety)
+
+    # -- local state ------------------------------------------------------------------------
+
+    def http_timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(self.timeout)
+
+    def run(self, run_id: str, budget: Budget | None) -> _LocalRun:
+        run = self._runs.get(run_id)
+        if run is None:
+            run = _LocalRun(RunState(topology=self.topology, budget=budget or self.budget))
+            self._runs[run_id] = run
+            while len(self._runs) > self.max_runs:
+                self._runs.popitem(last=False)  # least recently used: bounded memory
+        else:
+            self._runs.move_to_end(run_id)
+            if budget is not None:
+                run.state.set_budget(budget)
+        return run
+
+    def fold(self, run_id: str, events: Iterable[EventLike], budget: BudgetLike | None) -> _LocalRun:
+        """Fold new events locally (ignoring seen ids) and queue them for the service."""
+        parsed = [_as_event(e, i) for i, e in enumerate(events)]
+        with self._lock:
+            run = self.run(run_id, _as_budget(budget))
+            new: list[Event] = []
+            ids: set[str] = set()
+            for event in parsed:
+                if event.id in ids or event.id in run.pending_ids or run.state.seen(event.id):
+                    continue  # a retry: the id is already folded (and queued or delivered)
+                ids.add(event.id)
+                new.append(event)
+            run.state.fold_many(new)  # checks the whole batch before folding any of it
+            for event in new:
+                run.pending.append(event.dump())
+                run.pending_ids.add(event.id)
+            if len(run.pending) > self.max_pending:
+                # the service has been away a long time: keep the newest events, bounded memory
+                cut = len(run.pending) - self.max_pending
+                for gone in run.pending[:cut]:
+                    run.pending_ids.discard(gone["id"])
+                del run.pending[:cut]
+                run.dropped += cut
+                log.warning("stopserve: run %s: dropped %d unsent events (service away)", run_id, cut)
+        return run
+
+    def sent(self, run: _LocalRun, n: int) -> None:
+        """The service confirmed the first ``n`` pending events."""
+        with self._lock:
+            for gone in run.pending[:n]:
+                run.pending_ids.discard(gone["id"])
+            del run.pending[:n]
+
+    def forget(self, run_id: str) -> None:
+        with self._lock:
+            self._runs.pop(run_id, None)
+
+    def local_decision(
+        self, run_id: str, run: _LocalRun, safety: SafetyConfig | None, proposed_stop: bool
+    ) -> DecideResponse:
+        """What the service answers without a model (safety nets, min_turns veto), marked degraded."""
+        policy = self._policy if safety is None else Policy.safety_only(safety)
+        decision = policy.decide(run.state, proposed_stop=proposed_stop).to_dict()
+        decision.update(run_id=run_id, degraded=True, model_version=None)
+        return DecideResponse.model_validate(decision)
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def decide_body(
+        self,
+        run: _LocalRun,
+        *,
+        budget: BudgetLike | None,
+        lam: float | None,
+        safety: SafetyConfig | None,
+        proposed_stop: bool,
+        extra: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"events": list(run.pending), "proposed_stop": proposed_stop}
+        b = _as_budget(budget) or self.budget
+        if b is not None:
+            body["budget"] = b.model_dump(exclude_none=True)
+        if (lam := self.lam if lam is None else lam) is not None:
+            body["lambda"] = lam
+        if (cfg := safety or self.safety_given) is not None:
+            body["safety"] = cfg.to_dict()
+        if self.topology is not None:
+            body["topology"] = self.topology
+        body.update({k: v for k, v in extra.items() if v is not None})
+        return body
+
+    def is_down(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    def mark_down(self, why: str) -> None:
+        if not self.is_down():
+            log.warning("stopserve: service at %s unavailable (%s); deciding locally", self.url, why)
+        self._down_until = time.monotonic() + self.cooldown
+
+    def mark_up(self) -> None:
+        if self._down_until:
+            log.info("stopserve: service at %s is back", self.url)
+        self._down_until = 0.0
+
+    def check(self, response: httpx.Response, what: str) -> Any:
+        """Parse a response; raise _UnavailableError for transient failures, a StopServeError for 4xx."""
+        if response.status_code in _UNAVAILABLE or response.status_code >= 500:
+            raise _UnavailableError(f"HTTP {response.status_code}")
+        try:
+            data = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            raise _UnavailableError(f"HTTP {response.status_code}: not JSON") from None
+        if response.is_success:
+            return data
+        raise _client_error(response.status_code, data, what)
+
+
+def _client_error(status: int, data: Any, what: str) -> StopServeError:
+    try:
+        detail = ErrorBody.model_validate(data).error
+        message = f"{what}: HTTP {status}: {detail.message}"
+        issues = [
+            Issue(i.message, file=i.file, line=i.line, trace_id=i.trace_id, path=i.field)
+            for i in detail.issues
+        ]
+    except ValidationError:
+        message, issues = f"{what}: HTTP {status}: {str(data)[:200]}", []
+    kind: type[StopServeError] = StopServeError
+    if status in (401, 403):
+        kind = AuthError
+    elif status == 404:
+        kind = RunNotFoundError
+    elif status == 409:
+        kind = RunClosedError
+    elif status == 413:
+        kind = RunLimitError
+    elif status in (400, 422):
+        kind = ConfigError
+    return kind(message, issues)
+
+
+def _run_path(run_id: str) -> str:
+    if not run_id:
+        raise ConfigError("run_id must not be empty")
+    return "/v1/runs/" + quote(run_id, safe="")
+
+
+def _outcome_body(
+    run: _LocalRun | None,
+    rewards: Mapping[str, float],
+    *,
+    stop: Stop | Mapping[str, Any] | None,
+    events: Sequence[EventLike],
+    costs: Mapping[str, float] | None,
+    metrics: Mapping[str, float] | None,
+) -> dict[str, Any]:
+    pending = list(run.pending) if run is not None else []
+    seen = {e["id"] for e in pending}
+    for i, item in enumerate(events):
+        event = _as_event(item, i)
+        if event.id not in seen and not (run is not None and run.state.seen(event.id)):
+            pending.append(event.dump())
+    body: dict[str, Any] = {"rewards": dict(rewards), "events": pending}
+    if stop is not None:
+        body["stop"] = stop.model_dump(exclude_none=True) if isinstance(stop, Stop) else dict(stop)
+    if costs:
+        body["costs"] = dict(costs)
+    if metrics:
+        body["metrics"] = dict(metrics)
+    return body
+
+
+# --------------------------------------------------------------------------- sync client
+
+
+class StopClient:
+    """Synchronous client; decides locally (``degraded=True``) when the service cannot answer.
+
+    ``timeout`` bounds each HTTP phase of one decide call (seconds; ``outcome_timeout`` for
+    the outcome, which writes the whole trace); ``retries`` extra attempts
+    are made at once for transient failures; after a failure the service is skipped for
+    ``cooldown`` seconds. ``budget``, ``lam`` and ``safety`` are defaults for every run
+    (``safety`` also overrides the server's safety nets, so both sides apply the same).
+    A 4xx answer (the caller's mistake) raises a :class:`~stopserve.errors.StopServeError`,
+    unless ``raise_on_client_error=False``: then it is logged and decided locally.
+
+    >>> with StopClient("http://127.0.0.1:9", timeout=0.05) as client:   # nothing listens there
+    ...     d = client.decide("run-1", [{"id": "e1", "t": 0, "type": "return", "agent": "a"}])
+    >>> d.action, d.degraded
+    ('continue', True)
+    """
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8080",
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        outcome_timeout: float = 5.0,
+        retries: int = 1,
+        cooldown: float = 5.0,
+        budget: BudgetLike | None = None,
+        lam: float | None = None,
+        safety: SafetyLike | None = None,
+        topology: Topology | None = None,
+        raise_on_client_error: bool = True,
+        max_runs: int = 10_000,
+        max_pending: int = 1_000,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._core = _Core(
+            url,
+            timeout=timeout,
+            outcome_timeout=outcome_timeout,
+            retries=retries,
+            cooldown=cooldown,
+            budget=budget,
+            lam=lam,
+            safety=safety,
+            topology=topology,
+            raise_on_client_error=raise_on_client_error,
+            max_runs=max_runs,
+            max_pending=max_pending,
+            headers=headers,
+        )
+        self._http = httpx.Client(
+            base_url=self._core.url,
+            timeout=self._core.http_timeout(),
+            headers=self._core.headers,
+            transport=transport,
+        )
+
+    @property
+    def url(self) -> str:
+        """Base URL of the service."""
+        return self._core.url
+
+    def state(self, run_id: str) -> RunState | None:
+        """The client's local state of a run (what degraded decisions are made from)."""
+        run = self._core._runs.get(run_id)
+        return run.state if run is not None else None
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        what: str,
+        *,
+        timeout: float | None = None,
+        closed_ok_on_retry: bool = False,
+    ) -> Any:
+        error = "no attempt"
+        for attempt in range(self._core.retries + 1):
+            try:
+                content = orjson.dumps(body) if body is not None else None
+                response = self._http.request(
+                    method,
+                    path,
+                    content=content,
+                    headers={"content-type": "application/json"},
+                    timeout=httpx.Timeout(timeout) if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+                if closed_ok_on_retry and attempt > 0 and response.status_code == 409:
+                    # an earlier attempt got through before its answer was lost
+                    self._core.mark_up()
+                    return None
+                data = self._core.check(response, what)
+            except (httpx.TransportError, _UnavailableError) as exc:
+                error = str(exc) or type(exc).__name__
+                continue
+            self._core.mark_up()
+            return data
+        self._core.mark_down(error)
+        raise _UnavailableError(error)
+
+    def decide(
+        self,
+        run_id: str,
+        events: Iterable[EventLike] = (),
+        *,
+        budget: BudgetLike | None = None,
+        lam: float | None = None,
+        proposed_stop: bool = False,
+        safety: SafetyLike | None = None,
+        task_id: str | None = None,
+        system: str | None = None,
+    ) -> DecideResponse:
+        """Send the run's new events and return the service's decision (or a local one)."""
+        core = self._core
+        cfg = _as_safety(safety)
+        run = core.fold(run_id, events, budget)
+        if core.is_down():
+            return core.local_decision(run_id, run, cfg, proposed_stop)
+        body = core.decide_body(
+            run,
+            budget=budget,
+            lam=lam,
+            safety=cfg,
+            proposed_stop=proposed_stop,
+            extra={"task_id": task_id, "system": system},
+        )
+        n_sent = len(body["events"])
+        try:
+            data = self._request("POST", _run_path(run_id) + "/decide", body, f"decide {run_id!r}")
+            decision = DecideResponse.model_validate(data)
+        except _UnavailableError:
+            return core.local_decision(run_id, run, cfg, proposed_stop)
+        except ValidationError:
+            core.mark_down("unexpected response")
+            return core.local_decision(run_id, run, cfg, proposed_stop)
+        except StopServeError as exc:
+            if core.raise_on_client_error:
+                raise
+            log.warning("stopserve: %s; deciding locally", exc)
+            return core.local_decision(run_id, run, cfg, proposed_stop)
+        core.sent(run, n_sent)
+        return decision
+
+    def outcome(
+        self,
+        run_id: str,
+        rewards: Mapping[str, float],
+        *,
+        stop: Stop | Mapping[str, Any] | None = None,
+        events: Sequence[EventLike] = (),
+        costs: Mapping[str, float] | None = None,
+        metrics: Mapping[str, float] | None = None,
+    ) -> OutcomeResponse | None:
+        """Close the run with its final rewards; the service logs the whole trace.
+
+        Unsent events go along. Returns ``None`` (and logs a warning) when the service
+        cannot be reached: the orchestrator's run is over either way.
+        """
+        run = self._core._runs.get(run_id)
+        body = _outcome_body(run, rewards, stop=stop, events=events, costs=costs, metrics=metrics)
+        try:
+            data = self._request(
+                "POST",
+                _run_path(run_id) + "/outcome",
+                body,
+                f"outcome {run_id!r}",
+                timeout=self._core.outcome_timeout,
+                closed_ok_on_retry=True,
+            )
+        except _UnavailableError as exc:
+            log.warning("stopserve: outcome of run %s not delivered (%s)", run_id, exc)
+            return None
+        self._core.forget(run_id)
+        return OutcomeResponse.model_validate(data) if data is not None else None
+
+    def model(self) -> ModelInfo:
+        """What the service is serving (raises when it cannot be reached)."""
+        try:
+            return ModelInfo.model_validate(
+                self._request("GET", "/v1/model", None, "model", timeout=self._core.outcome_timeout)
+            )
+        except _UnavailableError as exc:
+            raise StopServeError(f"stopserve service at {self.url} unavailable: {exc}") from None
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> StopClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- async client
+
+
+class AsyncStopClient:
+    """The asyncio twin of :class:`StopClient` (same arguments, same fail-safe).
+
+    The connection pool is bound to the event loop that first uses it; a client used
+    from a new loop (e.g. a second ``asyncio.run``) opens a fresh pool there.
+    """
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8080",
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        outcome_timeout: float = 5.0,
+        retries: int = 1,
+        cooldown: float = 5.0,
+        budget: BudgetLike | None = None,
+        lam: float | None = None,
+        safety: SafetyLike | None = None,
+        topology: Topology | None = None,
+        raise_on_client_error: bool = True,
+        max_runs: int = 10_000,
+        max_pending: int = 1_000,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._core = _Core(
+            url,
+            timeout=timeout,
+            outcome_timeout=outcome_timeout,
+            retries=retries,
+            cooldown=cooldown,
+            budget=budget,
+            lam=lam,
+            safety=safety,
+            topology=topology,
+            raise_on_client_error=raise_on_client_error,
+            max_runs=max_runs,
+            max_pending=max_pending,
+            headers=headers,
+        )
+        self._transport = transport
+        self._http: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the service."""
+        return self._core.url
+
+    def state(self, run_id: str) -> RunState | None:
+        """The client's local state of a run (what degraded decisions are made from)."""
+        run = self._core._runs.get(run_id)
+        return run.state if run is not None else None
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._loop is not loop or self._http.is_closed:
+            # a pool's connections belong to one loop; never reuse them from another
+            self._http = httpx.AsyncClient(
+                base_url=self._core.url,
+                timeout=self._core.http_timeout(),
+                headers=self._core.headers,
+                transport=self._transport,
+            )
+            self._loop = loop
+        return self._http
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        what: str,
+        *,
+        timeout: float | None = None,
+        closed_ok_on_retry: bool = False,
+    ) -> Any:
+        http = self._client()
+        error = "no attempt"
+        for attempt in range(self._core.retries + 1):
+            try:
+                content = orjson.dumps(body) if body is not None else None
+                response = await http.request(
+                    method,
+                    path,
+                    content=content,
+                    headers={"content-type": "application/json"},
+                    timeout=httpx.Timeout(timeout) if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+                if closed_ok_on_retry and attempt > 0 and response.status_code == 409:
+                    # an earlier attempt got through before its answer was lost
+                    self._core.mark_up()
+                    return None
+                data = self._core.check(response, what)
+            except (httpx.TransportError, _UnavailableError) as exc:
+                error = str(exc) or type(exc).__name__
+                continue
+            self._core.mark_up()
+            return data
+        self._core.mark_down(error)
+        raise _UnavailableError(error)
+
+    async def decide(
+        self,
+        run_id: str,
+        events: Iterable[EventLike] = (),
+        *,
+        budget: BudgetLike | None = None,
+        lam: float | None = None,
+        proposed_stop: bool = False,
+        safety: SafetyLike | None = None,
+        task_id: str | None = None,
+        system: str | None = None,
+    ) -> DecideResponse:
+        """Send the run's new events and return the service's decision (or a local one)."""
+        core = self._core
+        cfg = _as_safety(safety)
+        run = core.fold(run_id, events, budget)
+        if core.is_down():
+            return core.local_decision(run_id, run, cfg, proposed_stop)
+        body = core.decide_body(
+            run,
+            budget=budget,
+            lam=lam,
+            safety=cfg,
+            proposed_stop=proposed_stop,
+            extra={"task_id": task_id, "system": system},
+        )
+        n_sent = len(body["events"])
+        try:
+            data = await self._request("POST", _run_path(run_id) + "/decide", body, f"decide {run_id!r}")
+            decision = DecideResponse.model_validate(data)
+        except _UnavailableError:
+            return core.local_decision(run_id, run, cfg, proposed_stop)
+        except ValidationError:
+            core.mark_down("unexpected response")
+            return core.local_decision(run_id, run, cfg, proposed_stop)
+        except StopServeError as exc:
+            if core.raise_on_client_error:
+                raise
+            log.warning("stopserve: %s; deciding locally", exc)
+            return core.local_decision(run_id, run, cfg, proposed_stop)
+        core.sent(run, n_sent)
+        return decision
+
+    async def outcome(
+        self,
+        run_id: str,
+        rewards: Mapping[str, float],
+        *,
+        stop: Stop | Mapping[str, Any] | None = None,
+        events: Sequence[EventLike] = (),
+        costs: Mapping[str, float] | None = None,
+        metrics: Mapping[str, float] | None = None,
+    ) -> OutcomeResponse | None:
+        """Close the run with its final rewards (``None`` when the service cannot be reached)."""
+        run = self._core._runs.get(run_id)
+        body = _outcome_body(run, rewards, stop=stop, events=events, costs=costs, metrics=metrics)
+        try:
+            data = await self._request(
+                "POST",
+                _run_path(run_id) + "/outcome",
+                body,
+                f"outcome {run_id!r}",
+                timeout=self._core.outcome_timeout,
+                closed_ok_on_retry=True,
+            )
+        except _UnavailableError as exc:
+            log.warning("stopserve: outcome of run %s not delivered (%s)", run_id, exc)
+            return None
+        self._core.forget(run_id)
+        return OutcomeResponse.model_validate(data) if data is not None else None
+
+    async def model(self) -> ModelInfo:
+        """What the service is serving (raises when it cannot be reached)."""
+        try:
+            return ModelInfo.model_validate(
+                await self._request("GET", "/v1/model", None, "model", timeout=self._core.outcome_timeout)
+            )
+        except _UnavailableError as exc:
+            raise StopServeError(f"stopserve service at {self.url} unavailable: {exc}") from None
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncStopClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()

@@ -1,0 +1,259 @@
+"""AutoGen (autogen-agentchat >= 0.4): a termination condition that asks stopserve.
+
+>>> from autogen_agentchat.conditions import MaxMessageTermination   # doctest: +SKIP
+>>> stop = StopServeTermination("http://127.0.0.1:8080") | MaxMessageTermination(50)  # doctest: +SKIP
+>>> team = RoundRobinGroupChat([coder, critic], termination_condition=stop)  # doctest: +SKIP
+>>> result = await team.run(task="...")   # result.stop_reason says why  # doctest: +SKIP
+
+AutoGen hands a termination condition only the messages produced since its last
+call, so :class:`StopServeTermination` keeps the run's id and clock itself. The
+team resets its condition right after any stop: the next call starts a new run,
+and :meth:`StopServeTermination.outcome` still closes the one that just ended.
+
+Mapping to format-v1 events: ``TextMessage`` (and other chat messages) ->
+``communicate``; ``ToolCallRequestEvent`` -> one ``tool_use`` per call;
+``ToolCallExecutionEvent`` -> one ``return`` per result (``error`` from
+``is_error``); ``HandoffMessage`` -> ``delegate``; ``CodeGenerationEvent`` ->
+``tool_use``; ``CodeExecutionEvent`` -> ``return`` (``error`` when the exit code
+is not 0); ``models_usage`` -> ``tokens``. Other agent events (thoughts,
+streaming chunks, speaker selection) carry no action and are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from stopserve.api import DecideResponse, OutcomeResponse
+from stopserve.client import DEFAULT_TIMEOUT, AsyncStopClient, content_ref
+from stopserve.integrations._common import RunClock, missing_extra, new_run_id, stop_of
+from stopserve.trace import Event, Stop, Topology
+
+try:
+    from autogen_agentchat.base import TerminatedException, TerminationCondition
+    from autogen_agentchat.messages import (
+        BaseAgentEvent,
+        BaseChatMessage,
+        CodeExecutionEvent,
+        CodeGenerationEvent,
+        HandoffMessage,
+        StopMessage,
+        ToolCallExecutionEvent,
+        ToolCallRequestEvent,
+    )
+    from autogen_core import Component
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise missing_extra("stopserve.integrations.autogen", "autogen-agentchat", exc) from exc
+
+__all__ = ["StopServeTermination", "StopServeTerminationConfig", "events_from_messages"]
+
+SOURCE = "StopServeTermination"
+
+
+class StopServeTerminationConfig(BaseModel):
+    """Declarative config of :class:`StopServeTermination` (AutoGen component config)."""
+
+    url: str = "http://127.0.0.1:8080"
+    timeout: float = DEFAULT_TIMEOUT
+    budget: dict[str, Any] | None = None
+    lam: float | None = None
+    safety: dict[str, Any] | None = None
+    topology: Topology | None = None
+    task_id: str | None = None
+    system: str = "autogen"
+    run_prefix: str = "autogen-"
+
+
+def _tokens(message: BaseAgentEvent | BaseChatMessage) -> int | None:
+    usage = message.models_usage
+    if usage is None:
+        return None
+    return max(0, int(usage.prompt_tokens or 0)) + max(0, int(usage.completion_tokens or 0))
+
+
+def events_from_messages(
+    messages: Sequence[BaseAgentEvent | BaseChatMessage], clock: RunClock
+) -> list[Event]:
+    """Format-v1 events for AutoGen messages (ids derive from message ids: retries are idempotent)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        t = clock.at(message.created_at)
+        base: dict[str, Any] = {"t": t, "agent": message.source or "unknown"}
+        tokens = _tokens(message)
+        items: list[dict[str, Any]] = []
+        if isinstance(message, ToolCallRequestEvent):
+            for call in message.content:
+                items.append(
+                    {
+                        "type": "tool_use",
+                        "tool": call.name,
+                        "content_ref": content_ref([call.name, call.arguments]),
+                    }
+                )
+        elif isinstance(message, ToolCallExecutionEvent):
+            for result in message.content:
+                items.append(
+                    {
+                        "type": "return",
+                        "tool": result.name,
+                        "error": bool(result.is_error),
+                        "content_ref": content_ref(result.content),
+                    }
+                )
+        elif isinstance(message, CodeGenerationEvent):
+            items.append({"type": "tool_use", "tool": "code", "content_ref": content_ref(message.content)})
+        elif isinstance(message, CodeExecutionEvent):
+            code = message.result
+            items.append(
+                {
+                    "type": "return",
+                    "tool": "code",
+                    "error": code.exit_code != 0,
+                    "content_ref": content_ref(code.output),
+                }
+            )
+        elif isinstance(message, HandoffMessage):
+            items.append(
+                {"type": "delegate", "to": message.target, "content_ref": content_ref(message.content)}
+            )
+        elif isinstance(message, BaseChatMessage):
+            item: dict[str, Any] = {
+                "type": "communicate",
+                "content_ref": content_ref(message.to_model_text()),
+            }
+            if message.source == "user":
+                item["role"] = "human"
+            items.append(item)
+        else:
+            continue  # thoughts, streaming chunks, speaker selection: no action to count
+        for i, item in enumerate(items):
+            event = {**base, **item, "id": message.id if len(items) == 1 else f"{message.id}:{i}"}
+            if tokens and i == 0:
+                event["tokens"] = tokens  # the model call's usage, counted once
+            out.append(event)
+    return [Event.model_validate(e) for e in out]
+
+
+def stop_text(decision: DecideResponse) -> str:
+    """The human-readable stop reason AutoGen puts in ``TaskResult.stop_reason``."""
+    text = f"stopserve: stop ({decision.reason or 'unknown'})"
+    if decision.safety_net:
+        text += f", safety net {decision.safety_net}"
+        if decision.limit:
+            text += f" ({decision.limit})"
+        if decision.pattern:
+            text += f" ({decision.pattern})"
+    text += f", at turn {decision.turn}"
+    if decision.degraded:
+        text += " [degraded: service unavailable, decided locally]"
+    return text
+
+
+class StopServeTermination(TerminationCondition, Component[StopServeTerminationConfig]):
+    """Terminate an AutoGen team when the stopserve service says stop.
+
+    Composable with AutoGen's own conditions (``|``, ``&``). ``budget``, ``lam`` and
+    ``safety`` go with every request (``safety`` also drives the local fail-safe).
+    When the service is unreachable the condition keeps working on local safety
+    nets: it never raises into the team because its sidecar is down.
+    """
+
+    component_config_schema = StopServeTerminationConfig
+    component_provider_override = "stopserve.integrations.autogen.StopServeTermination"
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8080",
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        budget: Mapping[str, Any] | None = None,
+        lam: float | None = None,
+        safety: Mapping[str, Any] | None = None,
+        topology: Topology | None = None,
+        task_id: str | None = None,
+        system: str = "autogen",
+        run_prefix: str = "autogen-",
+    ) -> None:
+        self._config = StopServeTerminationConfig(
+            url=url,
+            timeout=timeout,
+            budget=dict(budget) if budget is not None else None,
+            lam=lam,
+            safety=dict(safety) if safety is not None else None,
+            topology=topology,
+            task_id=task_id,
+            system=system,
+            run_prefix=run_prefix,
+        )
+        self.client = AsyncStopClient(
+            url,
+            timeout=timeout,
+            budget=budget,
+            lam=lam,
+            safety=safety,
+            topology=topology,
+            raise_on_client_error=False,
+        )
+        self._terminated = False
+        self._run_id: str | None = None
+        self._clock = RunClock()
+        self.last_run_id: str | None = None
+        self.last_decision: DecideResponse | None = None
+
+    @property
+    def terminated(self) -> bool:
+        """Whether stopserve said stop (until :meth:`reset`)."""
+        return self._terminated
+
+    @property
+    def run_id(self) -> str | None:
+        """Id of the run in progress (``None`` before the first call after a reset)."""
+        return self._run_id
+
+    async def __call__(self, messages: Sequence[BaseAgentEvent | BaseChatMessage]) -> StopMessage | None:
+        if self._terminated:
+            raise TerminatedException("Termination condition has already been reached")
+        if self._run_id is None:
+            self._run_id = new_run_id(self._config.run_prefix)
+            self._clock = RunClock()
+        run_id = self._run_id
+        self.last_run_id = run_id
+        events = events_from_messages(messages, self._clock)
+        decision = await self.client.decide(
+            run_id, events, task_id=self._config.task_id, system=self._config.system
+        )
+        self.last_decision = decision
+        if decision.action != "stop":
+            return None
+        self._terminated = True
+        return StopMessage(content=stop_text(decision), source=SOURCE)
+
+    async def reset(self) -> None:
+        """Ready for a new run (the team calls this right after any stop)."""
+        self._terminated = False
+        self._run_id = None
+
+    async def outcome(
+        self, rewards: Mapping[str, float], *, run_id: str | None = None, stop: Stop | None = None
+    ) -> OutcomeResponse | None:
+        """Post the final rewards of the last run (or ``run_id``): the service logs its trace.
+
+        ``stop`` defaults to stopserve's own stop when it ended the run. Returns ``None``
+        when the service cannot be reached.
+        """
+        target = run_id or self.last_run_id
+        if target is None:
+            return None
+        d = self.last_decision
+        if stop is None and d is not None and d.action == "stop" and target == self.last_run_id:
+            stop = stop_of(d.reason, d.safety_net, d.limit)
+        return await self.client.outcome(target, rewards, stop=stop)
+
+    def _to_config(self) -> StopServeTerminationConfig:
+        return self._config.model_copy()
+
+    @classmethod
+    def _from_config(cls, config: StopServeTerminationConfig) -> StopServeTermination:
+        return cls(**config.model_dump())

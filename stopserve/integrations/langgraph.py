@@ -1,0 +1,271 @@
+"""LangGraph: a router for ``add_conditional_edges`` that returns ``END`` when stopserve says stop.
+
+A drop-in replacement for ``tools_condition`` in a ReAct-style graph::
+
+    router = StopServeRouter("http://127.0.0.1:8080")           # then= tools_condition
+    builder.add_conditional_edges("agent", router)               # "tools" or END
+    graph = builder.compile()
+    state = graph.invoke({"messages": [...]}, {"recursion_limit": 60})
+    router.outcome({"team": 1.0}, state=state)                   # the service logs the trace
+
+When the service says continue the router defers to ``then`` (default:
+``langgraph.prebuilt.tools_condition``); on stop it returns ``on_stop`` (default
+``END``). To see the reason in the graph's own result, add
+:meth:`StopServeRouter.stop_node` as a node and route to it: it appends an
+``AIMessage`` named ``stopserve`` whose text gives the reason and whose
+``response_metadata["stopserve"]`` holds the whole decision.
+
+**recursion_limit is the outer safety net.** stopserve's own nets (turns,
+time, tokens, money, loops) stop a run cleanly; LangGraph's ``recursion_limit``
+(default 25 super-steps) raises ``GraphRecursionError`` instead. Set it above
+what the stopserve budget allows: a ReAct turn is two super-steps (agent, tools),
+so with ``max_turns=N`` use ``recursion_limit >= 2 * N + 5``. It then fires only
+if the service and the local fail-safe both fail to stop the run.
+
+Which run a call belongs to: ``config["configurable"]["stopserve_run_id"]`` if
+set, else the ``thread_id``, else the id of the first message in the state.
+
+Mapping: ``AIMessage`` tool calls -> one ``tool_use`` per call, an ``AIMessage``
+without calls -> ``communicate``; ``ToolMessage`` -> ``return`` (``error`` when its
+status is ``error``); ``HumanMessage`` -> ``communicate`` (role ``human``);
+``usage_metadata`` -> ``tokens``. System messages are skipped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stopserve.api import DecideResponse, OutcomeResponse
+from stopserve.client import DEFAULT_TIMEOUT, StopClient, content_ref
+from stopserve.integrations._common import RunClock, missing_extra, stop_of
+from stopserve.trace import Event, Stop, Topology
+
+try:
+    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.graph import END
+    from langgraph.prebuilt import tools_condition
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise missing_extra("stopserve.integrations.langgraph", "langgraph and langchain-core", exc) from exc
+
+__all__ = ["StopServeRouter", "events_from_messages"]
+
+
+@dataclass(slots=True)
+class _Track:
+    clock: RunClock = field(default_factory=RunClock)
+    seen: set[str] = field(default_factory=set)
+    decision: DecideResponse | None = None
+
+
+def _messages(state: Any, key: str) -> Sequence[Any]:
+    if isinstance(state, list):
+        return state
+    if isinstance(state, Mapping):
+        found = state.get(key)
+    else:
+        found = getattr(state, key, None)
+    if not isinstance(found, list | tuple):
+        raise ValueError(f"StopServeRouter: no message list at state[{key!r}]")
+    return found
+
+
+def _message_id(message: Any, index: int) -> str:
+    mid = getattr(message, "id", None)
+    return mid if isinstance(mid, str) and mid else f"m{index}"
+
+
+def _tokens(message: AIMessage) -> int | None:
+    usage = message.usage_metadata
+    if not usage:
+        return None
+    total = usage.get("total_tokens")
+    if total is None:
+        total = usage.get("input_tokens", 0) + usage.get("output_tokens", 0)
+    return max(0, int(total))
+
+
+def events_from_messages(
+    messages: Sequence[Any], clock: RunClock, seen: set[str] | None = None
+) -> list[Event]:
+    """Format-v1 events for the LangChain messages whose ids are not in ``seen`` (updated)."""
+    seen = set() if seen is None else seen
+    out: list[Event] = []
+    for index, message in enumerate(messages):
+        mid = _message_id(message, index)
+        if mid in seen or not isinstance(message, BaseMessage):
+            continue
+        seen.add(mid)
+        t = clock.now()
+        items: list[dict[str, Any]] = []
+        tokens: int | None = None
+        if isinstance(message, AIMessage):
+            agent = message.name or "assistant"
+            tokens = _tokens(message)
+            for i, call in enumerate(message.tool_calls):
+                items.append(
+                    {
+                        "id": f"{mid}:{call.get('id') or i}",
+                        "type": "tool_use",
+                        "agent": agent,
+                        "tool": call["name"],
+                        "content_ref": content_ref([call["name"], call.get("args")]),
+                    }
+                )
+            if not items:
+                items.append(
+                    {
+                        "id": mid,
+                        "type": "communicate",
+                        "agent": agent,
+                        "content_ref": content_ref(message.content),
+                    }
+                )
+        elif isinstance(message, ToolMessage):
+            items.append(
+                {
+                    "id": mid,
+                    "type": "return",
+                    "agent": message.name or "tools",
+                    "tool": message.name,
+                    "error": message.status == "error",
+                    "content_ref": content_ref(message.content),
+                }
+            )
+        elif isinstance(message, SystemMessage):
+            continue
+        else:
+            item: dict[str, Any] = {
+                "id": mid,
+                "type": "communicate",
+                "agent": message.name or message.type,
+                "content_ref": content_ref(message.content),
+            }
+            if isinstance(message, HumanMessage):
+                item["role"] = "human"
+            items.append(item)
+        for i, item in enumerate(items):
+            item["t"] = t
+            if tokens and i == 0:
+                item["tokens"] = tokens
+            out.append(Event.model_validate(item))
+    return out
+
+
+class StopServeRouter:
+    """A LangGraph router asking stopserve at each turn; ``END`` (or ``on_stop``) on stop.
+
+    Thread-safe, one instance serves any number of concurrent runs (bounded by
+    ``max_runs``, least recently used forgotten first). Fails safe like
+    :class:`~stopserve.client.StopClient`: a dead service gives degraded local
+    decisions, never an exception in the graph.
+    """
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8080",
+        *,
+        then: Callable[[Any], Any] | None = None,
+        on_stop: str = END,
+        messages_key: str = "messages",
+        timeout: float = DEFAULT_TIMEOUT,
+        budget: Mapping[str, Any] | None = None,
+        lam: float | None = None,
+        safety: Mapping[str, Any] | None = None,
+        topology: Topology | None = None,
+        task_id: str | None = None,
+        system: str = "langgraph",
+        run_prefix: str = "langgraph-",
+        max_runs: int = 10_000,
+        client: StopClient | None = None,
+    ) -> None:
+        self.then = then if then is not None else tools_condition
+        self.on_stop = on_stop
+        self.messages_key = messages_key
+        self.task_id = task_id
+        self.system = system
+        self.run_prefix = run_prefix
+        self.max_runs = max_runs
+        self.client = client or StopClient(
+            url,
+            timeout=timeout,
+            budget=budget,
+            lam=lam,
+            safety=safety,
+            topology=topology,
+            raise_on_client_error=False,
+        )
+        self._runs: OrderedDict[str, _Track] = OrderedDict()
+        self._lock = threading.Lock()
+        self.__name__ = "stopserve_router"  # LangGraph names the edge after it
+
+    def run_id(self, state: Any = None, config: RunnableConfig | None = None) -> str:
+        """The stopserve run id of a graph run (see the module docstring)."""
+        configurable = (config or {}).get("configurable") or {}
+        key = configurable.get("stopserve_run_id") or configurable.get("thread_id")
+        if key is None and state is not None:
+            messages = _messages(state, self.messages_key)
+            key = _message_id(messages[0], 0) if messages else None
+        if key is None:
+            raise ValueError("StopServeRouter: no run id (give a thread_id or stopserve_run_id)")
+        return f"{self.run_prefix}{key}"
+
+    def _track(self, run_id: str) -> _Track:
+        with self._lock:
+            track = self._runs.get(run_id)
+            if track is None:
+                track = self._runs[run_id] = _Track()
+                while len(self._runs) > self.max_runs:
+                    self._runs.popitem(last=False)
+            else:
+                self._runs.move_to_end(run_id)
+            return track
+
+    def __call__(self, state: Any, config: RunnableConfig) -> Any:
+        """Route: ``on_stop`` when stopserve says stop, else whatever ``then`` says."""
+        run_id = self.run_id(state, config)
+        track = self._track(run_id)
+        events = events_from_messages(_messages(state, self.messages_key), track.clock, track.seen)
+        decision = self.client.decide(run_id, events, task_id=self.task_id, system=self.system)
+        track.decision = decision
+        if decision.action == "stop":
+            return self.on_stop
+        return self.then(state)
+
+    def decision(self, state: Any = None, config: RunnableConfig | None = None) -> DecideResponse | None:
+        """The latest decision for a run."""
+        track = self._runs.get(self.run_id(state, config))
+        return track.decision if track is not None else None
+
+    def stop_node(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
+        """A graph node that records why stopserve stopped the run, as an ``AIMessage``."""
+        decision = self.decision(state, config)
+        data = decision.model_dump() if decision is not None else {}
+        text = f"stopserve: stop ({data.get('reason') or 'unknown'})"
+        if data.get("safety_net"):
+            text += f", safety net {data['safety_net']}"
+        if data.get("degraded"):
+            text += " [degraded: service unavailable, decided locally]"
+        message = AIMessage(content=text, name="stopserve", response_metadata={"stopserve": data})
+        return {self.messages_key: [message]}
+
+    def outcome(
+        self,
+        rewards: Mapping[str, float],
+        *,
+        state: Any = None,
+        config: RunnableConfig | None = None,
+        stop: Stop | None = None,
+    ) -> OutcomeResponse | None:
+        """Post a finished run's rewards: the service writes its whole trace to the log."""
+        run_id = self.run_id(state, config)
+        with self._lock:
+            track = self._runs.pop(run_id, None)
+        d = track.decision if track is not None else None
+        if stop is None and d is not None and d.action == "stop":
+            stop = stop_of(d.reason, d.safety_net, d.limit)
+        return self.client.outcome(run_id, rewards, stop=stop)

@@ -1,0 +1,259 @@
+"""OpenAI Agents SDK (openai-agents): run hooks that ask stopserve and end the run cleanly.
+
+::
+
+    hooks = StopServeHooks("http://127.0.0.1:8080")
+    agent = hooks.attach(Agent(name="coder", tools=[bash], model=...))
+    result = await Runner.run(agent, task, hooks=hooks, max_turns=60)
+    print(result.final_output)                  # on a stop: the reason, then the best answer so far
+    await hooks.outcome({"team": 1.0})          # the service logs the whole trace
+
+How the run ends. The hooks ask the service on ``on_llm_end`` and ``on_tool_end``.
+Raising from a hook is not clean (the exception escapes ``Runner.run``) and
+running into ``max_turns`` raises ``MaxTurnsExceeded``. The SDK's own clean exit
+after tool calls is the agent's ``tool_use_behavior``: after every tool step it
+may return ``ToolsToFinalOutputResult(is_final_output=True, final_output=...)``,
+and the run then finishes normally, with output guardrails, ``on_agent_end`` and
+``RunResult.final_output``. :meth:`StopServeHooks.attach` returns a clone of the
+agent (and of the agents it hands off to) whose ``tool_use_behavior`` does exactly
+that once the service said stop, and otherwise keeps the agent's own behaviour.
+A stop that arrives in ``on_llm_end`` takes effect after that response's tool
+calls ran (one tool step, no further model call); a response without tool calls
+is already the final output. Keep ``max_turns`` above the stopserve budget as
+the outer safety net.
+
+The final output on a stop is ``final_output(decision, tool_results)`` when given
+(use it for typed ``output_type`` agents), else a text with the stop reason and
+the last tool output.
+
+Mapping: model function calls -> ``tool_use`` (handoff calls -> ``delegate``),
+model messages -> ``communicate``, tool results -> ``return``, handoffs ->
+``delegate``; ``usage.total_tokens`` -> ``tokens``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from stopserve.api import DecideResponse, OutcomeResponse
+from stopserve.client import DEFAULT_TIMEOUT, AsyncStopClient, content_ref
+from stopserve.integrations._common import RunClock, missing_extra, new_run_id, stop_of
+from stopserve.trace import Event, Stop, Topology
+
+try:
+    from agents import Agent, RunContextWrapper, RunHooks, Tool
+    from agents.agent import ToolsToFinalOutputResult
+    from agents.items import ModelResponse
+    from agents.tool import FunctionToolResult
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise missing_extra("stopserve.integrations.openai_agents", "openai-agents", exc) from exc
+
+__all__ = ["StopServeHooks"]
+
+FinalOutput = Callable[[DecideResponse, list[FunctionToolResult]], Any]
+
+
+def stop_text(decision: DecideResponse) -> str:
+    """One line saying why stopserve stopped the run."""
+    text = f"stopserve: stop ({decision.reason or 'unknown'})"
+    if decision.safety_net:
+        text += f", safety net {decision.safety_net}"
+    text += f", at turn {decision.turn}"
+    if decision.degraded:
+        text += " [degraded: service unavailable, decided locally]"
+    return text
+
+
+def _default_final(decision: DecideResponse, results: list[FunctionToolResult]) -> str:
+    last = str(results[-1].output) if results else ""
+    return stop_text(decision) + (f"\n\n{last}" if last else "")
+
+
+class StopServeHooks(RunHooks[Any]):
+    """``RunHooks`` that ask stopserve each turn; with :meth:`attach`, a stop ends the run cleanly.
+
+    One instance follows one run at a time: a new run starts at the first hook
+    after the previous one finished (``on_agent_end``) or was stopped. Pass
+    ``run_id`` to choose the id yourself. Fails safe like the client: a dead
+    service gives degraded local decisions, never an exception in the run.
+    """
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8080",
+        *,
+        final_output: FinalOutput | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        budget: Mapping[str, Any] | None = None,
+        lam: float | None = None,
+        safety: Mapping[str, Any] | None = None,
+        topology: Topology | None = None,
+        task_id: str | None = None,
+        system: str = "openai-agents",
+        run_prefix: str = "agents-",
+        run_id: str | None = None,
+        client: AsyncStopClient | None = None,
+    ) -> None:
+        self.client = client or AsyncStopClient(
+            url,
+            timeout=timeout,
+            budget=budget,
+            lam=lam,
+            safety=safety,
+            topology=topology,
+            raise_on_client_error=False,
+        )
+        self.final_output = final_output or _default_final
+        self.task_id = task_id
+        self.system = system
+        self.run_prefix = run_prefix
+        self._fixed_run_id = run_id
+        self._run_id: str | None = None
+        self._clock = RunClock()
+        self._n = 0
+        self.last_run_id: str | None = None
+        self.last_decision: DecideResponse | None = None
+        self.stop_decision: DecideResponse | None = None
+
+    # -- run bookkeeping ------------------------------------------------------------------------
+
+    @property
+    def run_id(self) -> str | None:
+        """Id of the run in progress."""
+        return self._run_id
+
+    def _current(self) -> str:
+        if self._run_id is None:
+            self._run_id = self._fixed_run_id or new_run_id(self.run_prefix)
+            self._clock = RunClock()
+            self._n = 0
+            self.stop_decision = None
+            self.last_run_id = self._run_id
+        return self._run_id
+
+    def _event(self, **fields: Any) -> Event:
+        self._n += 1
+        return Event.model_validate({"id": f"{self._current()}-{self._n}", "t": self._clock.now(), **fields})
+
+    async def _ask(self, events: list[Event]) -> DecideResponse:
+        run_id = self._current()
+        decision = await self.client.decide(run_id, events, task_id=self.task_id, system=self.system)
+        self.last_decision = decision
+        if decision.action == "stop" and self.stop_decision is None:
+            self.stop_decision = decision
+        return decision
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    async def on_agent_start(self, context: Any, agent: Any) -> None:
+        self._current()
+
+    async def on_llm_end(
+        self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse
+    ) -> None:
+        handoff_names = {getattr(h, "tool_name", None) for h in getattr(agent, "handoffs", [])}
+        events: list[Event] = []
+        tokens = int(getattr(response.usage, "total_tokens", 0) or 0)
+        for item in response.output:
+            kind = getattr(item, "type", None)
+            fields: dict[str, Any] = {"agent": agent.name}
+            if kind == "function_call":
+                name = getattr(item, "name", "tool")
+                args = getattr(item, "arguments", "")
+                if name in handoff_names:
+                    fields.update(type="delegate", to=name, content_ref=content_ref([name, args]))
+                else:
+                    fields.update(type="tool_use", tool=name, content_ref=content_ref([name, args]))
+            elif kind == "message":
+                texts = [getattr(c, "text", "") for c in getattr(item, "content", [])]
+                fields.update(type="communicate", content_ref=content_ref("".join(texts)))
+            else:
+                continue  # reasoning and other items carry no action
+            if tokens and not events:
+                fields["tokens"] = tokens
+            events.append(self._event(**fields))
+        if not events and tokens:
+            events.append(self._event(type="communicate", agent=agent.name, tokens=tokens))
+        await self._ask(events)
+
+    async def on_tool_end(
+        self, context: RunContextWrapper[Any], agent: Agent[Any], tool: Tool, result: object
+    ) -> None:
+        name = getattr(tool, "name", "tool")
+        event = self._event(type="return", agent=agent.name, tool=name, content_ref=content_ref(str(result)))
+        await self._ask([event])
+
+    async def on_handoff(self, context: RunContextWrapper[Any], from_agent: Any, to_agent: Any) -> None:
+        # the handoff call itself was a delegate event; nothing to ask until the next agent acts
+        return None
+
+    async def on_agent_end(self, context: Any, agent: Any, output: Any) -> None:
+        self._run_id = None  # the run is over; the next hook starts a new one
+
+    # -- ending the run cleanly -----------------------------------------------------------------
+
+    def attach(self, agent: Agent[Any]) -> Agent[Any]:
+        """A clone of ``agent`` (and of the agents it hands off to) that ends the run on a stop."""
+        return self._attach(agent, {})
+
+    def _attach(self, agent: Agent[Any], done: dict[int, Agent[Any]]) -> Agent[Any]:
+        if id(agent) in done:
+            return done[id(agent)]
+        original = agent.tool_use_behavior
+
+        async def behavior(
+            context: RunContextWrapper[Any], results: list[FunctionToolResult]
+        ) -> ToolsToFinalOutputResult:
+            if self.stop_decision is not None:
+                output = self.final_output(self.stop_decision, results)
+                if inspect.isawaitable(output):
+                    output = await output
+                return ToolsToFinalOutputResult(is_final_output=True, final_output=output)
+            return await _original_behavior(original, context, results)
+
+        clone = agent.clone(tool_use_behavior=behavior)
+        done[id(agent)] = clone
+        handoffs: list[Any] = []
+        for target in agent.handoffs:
+            handoffs.append(self._attach(target, done) if isinstance(target, Agent) else target)
+        clone.handoffs = handoffs
+        return clone
+
+    async def outcome(
+        self, rewards: Mapping[str, float], *, run_id: str | None = None, stop: Stop | None = None
+    ) -> OutcomeResponse | None:
+        """Post the final rewards of the last run (or ``run_id``): the service logs its trace."""
+        target = run_id or self.last_run_id
+        if target is None:
+            return None
+        d = self.stop_decision
+        if stop is None and d is not None and target == self.last_run_id:
+            stop = stop_of(d.reason, d.safety_net, d.limit)
+        if target == self._run_id:
+            self._run_id = None
+        return await self.client.outcome(target, rewards, stop=stop)
+
+
+async def _original_behavior(
+    behavior: Any, context: RunContextWrapper[Any], results: list[FunctionToolResult]
+) -> ToolsToFinalOutputResult:
+    """The agent's own ``tool_use_behavior``, as the SDK would apply it."""
+    if not results or behavior == "run_llm_again":
+        return ToolsToFinalOutputResult(is_final_output=False, final_output=None)
+    if behavior == "stop_on_first_tool":
+        return ToolsToFinalOutputResult(is_final_output=True, final_output=results[0].output)
+    if isinstance(behavior, dict):
+        names = behavior.get("stop_at_tool_names", [])
+        for result in results:
+            if result.tool.name in names:
+                return ToolsToFinalOutputResult(is_final_output=True, final_output=result.output)
+        return ToolsToFinalOutputResult(is_final_output=False, final_output=None)
+    if callable(behavior):
+        out = behavior(context, results)
+        if inspect.isawaitable(out):
+            out = await out
+        if isinstance(out, ToolsToFinalOutputResult):
+            return out
+    return ToolsToFinalOutputResult(is_final_output=False, final_output=None)

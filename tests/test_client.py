@@ -1,0 +1,276 @@
+"""StopClient / AsyncStopClient / EventRecorder against a real server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from servers import LiveServer, free_port
+
+from stopserve.client import AsyncStopClient, EventRecorder, StopClient, content_ref
+from stopserve.errors import ConfigError, RunClosedError, TraceValidationError
+from stopserve.trace import read_traces
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with LiveServer(log_dir=tmp_path_factory.mktemp("client-log"), no_model=True) as srv:
+        yield srv
+
+
+def dead_url() -> str:
+    """A loopback port nothing listens on."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def step(rec: EventRecorder, i: int) -> list:
+    rec.tool_use("bash", content=f"cmd {i}", tokens=100)
+    rec.returned("bash", content=f"out {i}")
+    return rec.drain()
+
+
+def logged_trace(server: LiveServer, run_id: str):
+    traces = [t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == run_id]
+    assert len(traces) == 1, f"{run_id} logged {len(traces)} times"
+    return traces[0]
+
+
+# --------------------------------------------------------------------------- EventRecorder
+
+
+def test_recorder_ids_clock_and_hashes() -> None:
+    rec = EventRecorder(agent="boss")
+    a = rec.tool_use("bash", content="ls -la", tokens=12, usd=0.001)
+    b = rec.returned("bash", content="a.py", error=True)
+    c = rec.tool_use("bash", content="ls -la", agent="worker")
+    d = rec.reward(0.5, channel="tests")
+    e = rec.stop("quality_met", proposed=True)
+    events = rec.drain()
+    assert events == [a, b, c, d, e]
+    assert len({x.id for x in events}) == 5
+    assert [x.t for x in events] == sorted(x.t for x in events)
+    assert a.content_ref == c.content_ref == content_ref("ls -la") != b.content_ref
+    assert (a.agent, c.agent, a.tokens, a.usd, b.error) == ("boss", "worker", 12, 0.001, True)
+    assert (d.value, d.channel, e.reason, e.proposed) == (0.5, "tests", "quality_met", True)
+    assert rec.drain() == []
+    # two recorders never collide on ids
+    assert EventRecorder().tool_use("x").id != EventRecorder().tool_use("x").id
+
+
+def test_recorder_rejects_bad_event_with_field_named() -> None:
+    rec = EventRecorder()
+    with pytest.raises(TraceValidationError) as err:
+        rec.record("spwan")
+    assert "type" in str(err.value)
+    assert rec.drain() == []
+    assert rec.tool_use("ok").id.endswith("-1")  # the failed one used no id
+
+
+def test_content_ref_of_structures_is_order_free() -> None:
+    assert content_ref({"a": 1, "b": [1, 2]}) == content_ref({"b": [1, 2], "a": 1})
+    assert content_ref(b"x") == content_ref("x")
+
+
+# --------------------------------------------------------------------------- live service
+
+
+def test_decide_and_outcome_against_real_server(server: LiveServer) -> None:
+    rec = EventRecorder()
+    with StopClient(server.url, safety={"max_turns": 3}, timeout=2.0) as client:
+        assert client.model().kind == "none"
+        decisions = []
+        for i in range(10):
+            d = client.decide("c-live", step(rec, i), budget={"max_tokens": 10_000}, lam=0.01)
+            decisions.append(d)
+            if d.action == "stop":
+                break
+        assert [d.action for d in decisions] == ["continue", "continue", "stop"]
+        last = decisions[-1]
+        assert (last.reason, last.safety_net, last.limit, last.turn) == (
+            "budget_exhausted",
+            "max_turns",
+            "turns",
+            3,
+        )
+        assert last.finalize and not last.degraded
+        out = client.outcome("c-live", {"team": 1.0}, stop={"reason": "budget_exhausted", "by": "safety_net"})
+    assert out is not None and out.n_events == 6 and out.n_decisions == 3
+    trace = logged_trace(server, "c-live")
+    assert len(trace.events) == 6 and trace.rewards == {"team": 1.0}
+    assert trace.stop is not None and trace.stop.reason == "budget_exhausted"
+
+
+def test_retried_events_are_not_double_counted(server: LiveServer) -> None:
+    rec = EventRecorder()
+    events = step(rec, 0)
+    with StopClient(server.url, timeout=2.0) as client:
+        first = client.decide("c-retry", events)
+        again = client.decide("c-retry", events)  # the orchestrator retries the same step
+        assert first.turn == again.turn == 1
+        assert client.state("c-retry").n_events == 2  # type: ignore[union-attr]
+        out = client.outcome("c-retry", {"team": 0.0})
+    assert out is not None and out.n_events == 2
+
+
+def test_client_mistakes_raise_clear_errors(server: LiveServer) -> None:
+    with StopClient(server.url, timeout=2.0) as client:
+        with pytest.raises(ConfigError) as err:
+            client.decide("c-bad", [], lam=-1.0)
+        assert "lambda" in str(err.value)
+        with pytest.raises(TraceValidationError) as err2:
+            client.decide("c-bad", [{"id": "e1", "t": 0, "type": "return"}])
+        assert "events[0]" in str(err2.value) and "agent" in str(err2.value)
+        with pytest.raises(ConfigError):
+            client.decide("c-bad", [], safety={"max_turns": "many"})
+        client.decide("c-closed", step(EventRecorder(), 0))
+        client.outcome("c-closed", {"team": 1.0})
+        with pytest.raises(RunClosedError):
+            client.decide("c-closed", step(EventRecorder(), 1))
+
+
+def test_client_mistake_can_degrade_instead_of_raising(server: LiveServer) -> None:
+    with StopClient(server.url, timeout=2.0, raise_on_client_error=False) as client:
+        d = client.decide("c-soft", step(EventRecorder(), 0), lam=-1.0)
+    assert d.degraded and d.action == "continue"
+
+
+# --------------------------------------------------------------------------- fail safe
+
+
+def test_unreachable_service_gives_degraded_safety_decisions() -> None:
+    rec = EventRecorder()
+    with StopClient(dead_url(), safety={"max_turns": 3}, timeout=0.1) as client:
+        ds = [client.decide("c-dead", step(rec, i)) for i in range(3)]
+        assert client.outcome("c-dead", {"team": 1.0}) is None  # not delivered, no exception
+    assert all(d.degraded for d in ds)
+    assert [d.action for d in ds] == ["continue", "continue", "stop"]
+    assert (ds[-1].safety_net, ds[-1].reason, ds[-1].turn) == ("max_turns", "budget_exhausted", 3)
+
+
+def test_degraded_decision_honours_proposed_stop_after_min_turns() -> None:
+    rec = EventRecorder()
+    with StopClient(dead_url(), safety={"min_turns": 2}, timeout=0.1) as client:
+        early = client.decide("c-prop", step(rec, 0), proposed_stop=True)
+        late = client.decide("c-prop", step(rec, 1), proposed_stop=True)
+    assert early.action == "continue"  # vetoed before min_turns, as the service does
+    assert late.action == "stop" and late.reason == "information_complete" and late.degraded
+
+
+@pytest.mark.timeout(30)
+def test_silent_service_times_out_to_local_decision() -> None:
+    # a real listener that accepts connections and never answers
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        rec = EventRecorder()
+        with StopClient(url, timeout=0.1, retries=1, safety={"max_turns": 2}) as client:
+            first = client.decide("c-slow", step(rec, 0))
+            second = client.decide("c-slow", step(rec, 1))
+    assert first.degraded and second.degraded
+    assert second.action == "stop" and second.safety_net == "max_turns"
+
+
+def test_5xx_and_garbage_answers_degrade() -> None:
+    answers = iter(
+        [httpx.Response(503, json={"error": "busy"}), httpx.Response(200, text="<html>proxy</html>")]
+    )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return next(answers, httpx.Response(500))
+
+    with StopClient("http://stopserve", transport=httpx.MockTransport(handler), retries=1, cooldown=0) as c:
+        d = c.decide("c-5xx", step(EventRecorder(), 0))
+    assert d.degraded and d.action == "continue" and d.turn == 1
+
+
+@pytest.mark.timeout(60)
+def test_server_killed_mid_run_then_back(tmp_path: Path) -> None:
+    """Kill -9 the service mid-run: degraded decisions; when it is back, unsent events are delivered."""
+    rec = EventRecorder()
+    srv = LiveServer(log_dir=tmp_path / "a", no_model=True).start()
+    port = srv.port
+    try:
+        with StopClient(srv.url, timeout=0.5, cooldown=0.0, safety={"max_turns": 8}) as client:
+            ok = [client.decide("c-kill", step(rec, i)) for i in range(2)]
+            srv.kill()
+            down = [client.decide("c-kill", step(rec, i)) for i in range(2, 4)]
+            assert not any(d.degraded for d in ok) and all(d.degraded for d in down)
+            assert [d.turn for d in ok + down] == [1, 2, 3, 4]
+            # the same address comes back (a restarted sidecar): a fresh server, same port
+            back = LiveServer(log_dir=tmp_path / "b", no_model=True)
+            back.port, back.url = port, srv.url
+            back.argv[back.argv.index("--port") + 1] = str(port)
+            with back:
+                d = client.decide("c-kill", step(rec, 4))
+                assert not d.degraded
+                assert d.events_accepted == 6  # the 4 events sent while it was away, and 2 new
+                out = client.outcome("c-kill", {"team": 1.0})
+                assert out is not None and out.n_events == 6
+    finally:
+        srv.stop()
+
+
+def test_async_client_live_and_dead(server: LiveServer) -> None:
+    async def main() -> tuple:
+        rec = EventRecorder()
+        async with AsyncStopClient(server.url, safety={"max_turns": 2}, timeout=2.0) as client:
+            a = await client.decide("c-async", step(rec, 0))
+            b = await client.decide("c-async", step(rec, 1))
+            out = await client.outcome("c-async", {"team": 0.5})
+        async with AsyncStopClient(dead_url(), safety={"max_turns": 1}, timeout=0.1) as dead:
+            c = await dead.decide("c-async-dead", step(rec, 2))
+        return a, b, out, c
+
+    a, b, out, c = asyncio.run(main())
+    assert (a.action, b.action, b.safety_net, a.degraded) == ("continue", "stop", "max_turns", False)
+    assert out is not None and out.n_events == 4
+    assert c.degraded and c.action == "stop"
+    assert logged_trace(server, "c-async").rewards == {"team": 0.5}
+
+
+def test_async_client_survives_a_new_event_loop(server: LiveServer) -> None:
+    client = AsyncStopClient(server.url, timeout=2.0)
+    rec = EventRecorder()
+    first = asyncio.run(client.decide("c-loops", step(rec, 0)))
+    second = asyncio.run(
+        client.decide("c-loops", step(rec, 1))
+    )  # a pool from the old loop must not be reused
+    assert not first.degraded and not second.degraded and second.turn == 2
+
+
+def test_sync_client_is_thread_safe(server: LiveServer) -> None:
+    errors: list[BaseException] = []
+
+    with StopClient(server.url, timeout=5.0) as client:
+
+        def worker(k: int) -> None:
+            try:
+                rec = EventRecorder()
+                for i in range(5):
+                    d = client.decide(f"c-thread-{k}", step(rec, i))
+                    assert d.turn == i + 1 and not d.degraded
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+
+
+def test_decision_log_holds_every_decision(server: LiveServer) -> None:
+    rec = EventRecorder()
+    with StopClient(server.url, timeout=2.0) as client:
+        got = [client.decide("c-log", step(rec, i)) for i in range(3)]
+    lines = [orjson.loads(x) for x in (server.log_dir / "decisions.jsonl").read_bytes().splitlines() if x]
+    mine = [x for x in lines if "c-log" in orjson.dumps(x).decode()]
+    assert len(mine) >= len(got)

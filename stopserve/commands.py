@@ -108,7 +108,8 @@ def import_traces(args: argparse.Namespace) -> int:
         raise
 
     for err in skipped[:_SHOW_SKIPS]:
-        print(f"skipped: {err}", file=sys.stderr)
+        for line in [str(issue) for issue in err.issues] or [err.message]:
+            print(f"skipped: {line}", file=sys.stderr)
     if len(skipped) > _SHOW_SKIPS:
         print(f"skipped: ... and {len(skipped) - _SHOW_SKIPS} more", file=sys.stderr)
     summary = f"imported {count} traces to {out}"

@@ -55,7 +55,8 @@ def fail(
 ) -> ImporterError:
     """An :class:`ImporterError` whose single issue names file, line and field."""
     issue = Issue(message, file=None if file is None else str(file), line=line, trace_id=trace_id, path=path)
-    return ImporterError(str(issue), [issue])
+    where = str(Issue("", file=issue.file, line=line, trace_id=trace_id)).rstrip(": ")
+    return ImporterError(f"{where}: cannot import" if where else "cannot import", [issue])
 
 
 def report(err: ImporterError, on_error: OnError) -> None:

@@ -157,6 +157,6 @@ def test_unconvertible_trace_names_file_line_and_field(tmp_path: Path) -> None:
     traces = list(read([path], on_error=skipped.append))
     assert len(traces) == 2
     assert "bad.jsonl:2: trace 'b': events[0].type: 'spwan' is not one of" in str(skipped[0].issues[0])
-    assert str(skipped[1]).startswith(f"{path}:4: not valid JSON")
+    assert str(skipped[1].issues[0]).startswith(f"{path}:4: not valid JSON")
     with pytest.raises(ImporterError):
         list(read([path]))

@@ -168,8 +168,11 @@ class TunedHeuristic:
 
     @property
     def parameter(self) -> dict[str, Any]:
-        """The tuned parameter(s) that are on."""
-        return {k: v for k, v in asdict(self.rule).items() if v is not None and v is not False}
+        """The tuned parameter(s) that are on (``min_turns`` only with a reward threshold)."""
+        on = {k: v for k, v in asdict(self.rule).items() if v is not None and v is not False}
+        if self.rule.reward_threshold is None:
+            on.pop("min_turns", None)
+        return on
 
     def stop_mask(self, dp: DecisionPoints) -> BoolArray:
         """Where the tuned rule stops on (other) decision points."""

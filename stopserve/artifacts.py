@@ -1,0 +1,343 @@
+"""Model directory I/O: LightGBM text models, ``manifest.json`` and ``MODEL_CARD.md``.
+
+A model directory holds::
+
+    manifest.json    format tag, kind, method, feature names in order, cost unit,
+                     default lambda and tau, safety-net config, training-data
+                     fingerprint, cross-validated metrics, library versions,
+                     created time, and the sha256 of every other file
+    q.txt s.txt k.txt   LightGBM text models (none for a pure-heuristic policy)
+    MODEL_CARD.md    generated from the manifest
+
+Loading reads every file once, checks its sha256 against the manifest and the
+feature names against :data:`stopserve.features.FEATURE_NAMES`, and refuses with
+:class:`~stopserve.errors.ModelIntegrityError` (or
+:class:`~stopserve.errors.ModelNotFoundError`) otherwise. No pickle: models are
+LightGBM text, everything else is JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Final
+
+from stopserve.errors import ModelError, ModelIntegrityError, ModelNotFoundError
+
+__all__ = [
+    "CARD_FILE",
+    "MANIFEST_FILE",
+    "MODEL_FORMAT",
+    "ModelArtifact",
+    "library_versions",
+    "load_model_dir",
+    "render_model_card",
+    "save_model_dir",
+    "sha256_bytes",
+]
+
+MODEL_FORMAT: Final = "stopserve.model/1"
+MANIFEST_FILE: Final = "manifest.json"
+CARD_FILE: Final = "MODEL_CARD.md"
+KINDS: Final = ("model", "heuristic", "none")
+#: Model files are small (kilobytes to a few MB); bound what a load may read.
+MAX_MODEL_FILE_BYTES: Final = 256 * 1024 * 1024
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries a model depends on (recorded in the manifest)."""
+    out = {"python": platform.python_version()}
+    for name in ("stopserve", "lightgbm", "numpy", "scikit-learn"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "unknown"
+    return out
+
+
+@dataclass(frozen=True)
+class ModelArtifact:
+    """A loaded, verified model directory: its manifest and the text of each model.
+
+    ``models`` maps a model name (``"q"``, ``"s"``, ``"k"``, ``"c"``) to its LightGBM
+    text; :mod:`stopserve.policy` turns them into boosters.
+    """
+
+    path: Path
+    manifest: dict[str, Any]
+    models: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        """``"model"``, ``"heuristic"`` or ``"none"``."""
+        return str(self.manifest.get("kind", "model"))
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars and arrays appear in metrics; JSON has no NaN, so NaN becomes null
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Mapping):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return _clean(obj.tolist())
+    return obj
+
+
+def _dumps(obj: Any) -> bytes:
+    return (json.dumps(_clean(obj), indent=2, sort_keys=False, default=_json_default) + "\n").encode()
+
+
+def save_model_dir(
+    out_dir: str | os.PathLike[str],
+    manifest: Mapping[str, Any],
+    models: Mapping[str, str] | None = None,
+) -> Path:
+    """Write a model directory atomically and return its path.
+
+    ``manifest`` holds everything but ``format``, ``files`` and ``created`` (added
+    here); ``models`` maps a model name to LightGBM text (``booster.model_to_string()``),
+    written as ``<name>.txt``. An existing model directory at ``out_dir`` is
+    replaced; any other non-empty folder is refused.
+    """
+    out = Path(out_dir)
+    if out.exists():
+        if not out.is_dir():
+            raise ModelError(f"{out}: exists and is not a folder; refusing to overwrite")
+        if any(out.iterdir()) and not (out / MANIFEST_FILE).exists():
+            raise ModelError(f"{out}: non-empty folder that is not a model directory; refusing to overwrite")
+    kind = str(manifest.get("kind", "model"))
+    if kind not in KINDS:
+        raise ModelError(f"manifest kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    models = dict(models or {})
+    if kind == "model" and not models:
+        raise ModelError("a model-kind directory needs at least one model file")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        files: dict[str, str] = {}
+        model_entries = dict(manifest.get("models", {}))
+        for name, text in models.items():
+            if not name.isidentifier():
+                raise ModelError(f"model name must be an identifier, got {name!r}")
+            data = text.encode()
+            fname = f"{name}.txt"
+            (tmp / fname).write_bytes(data)
+            files[fname] = sha256_bytes(data)
+            entry = dict(model_entries.get(name, {}))
+            entry["file"] = fname
+            model_entries[name] = entry
+        full: dict[str, Any] = {"format": MODEL_FORMAT, **dict(manifest)}
+        full["kind"] = kind
+        full["models"] = model_entries
+        full.setdefault("created", datetime.now(UTC).isoformat(timespec="seconds"))
+        full.setdefault("libraries", library_versions())
+        card = render_model_card(full).encode()
+        (tmp / CARD_FILE).write_bytes(card)
+        files[CARD_FILE] = sha256_bytes(card)
+        full["files"] = files
+        (tmp / MANIFEST_FILE).write_bytes(_dumps(full))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _read(path: Path) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > MAX_MODEL_FILE_BYTES:
+            raise ModelIntegrityError(f"{path}: {size} bytes, above the {MAX_MODEL_FILE_BYTES} byte limit")
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ModelNotFoundError(f"{path}: file not found (listed in the manifest)") from None
+    except OSError as exc:
+        raise ModelNotFoundError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def load_model_dir(
+    path: str | os.PathLike[str], *, feature_names: Sequence[str] | None = None
+) -> ModelArtifact:
+    """Read and verify a model directory.
+
+    Every file listed in the manifest must exist with the recorded sha256, the
+    manifest's feature names must equal ``feature_names`` (default:
+    :data:`stopserve.features.FEATURE_NAMES`) in order, and every model the
+    manifest names must be present. Raises :class:`ModelNotFoundError` or
+    :class:`ModelIntegrityError` naming the file and what is wrong.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise ModelNotFoundError(f"{root}: model directory not found")
+    mpath = root / MANIFEST_FILE
+    if not mpath.is_file():
+        raise ModelNotFoundError(f"{mpath}: no manifest.json: not a model directory")
+    try:
+        manifest = json.loads(_read(mpath))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelIntegrityError(f"{mpath}: not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise ModelIntegrityError(f"{mpath}: must hold a JSON object")
+    fmt = manifest.get("format")
+    if fmt != MODEL_FORMAT:
+        raise ModelIntegrityError(f"{mpath}: format: expected {MODEL_FORMAT!r}, got {fmt!r}")
+    kind = manifest.get("kind", "model")
+    if kind not in KINDS:
+        raise ModelIntegrityError(f"{mpath}: kind: expected one of {', '.join(KINDS)}, got {kind!r}")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise ModelIntegrityError(f"{mpath}: files: missing or not an object of sha256 digests")
+    blobs: dict[str, bytes] = {}
+    for fname, digest in files.items():
+        if not isinstance(fname, str) or "/" in fname or "\\" in fname or fname.startswith("."):
+            raise ModelIntegrityError(f"{mpath}: files: bad file name {fname!r}")
+        data = _read(root / fname)
+        actual = sha256_bytes(data)
+        if actual != digest:
+            raise ModelIntegrityError(
+                f"{root / fname}: sha256 mismatch: manifest says {str(digest)[:12]}..., "
+                f"file has {actual[:12]}... (file changed or corrupted)"
+            )
+        blobs[fname] = data
+    if feature_names is None:
+        from stopserve.features import FEATURE_NAMES
+
+        feature_names = FEATURE_NAMES
+    recorded = manifest.get("feature_names")
+    if kind == "model" and list(recorded or []) != list(feature_names):
+        raise ModelIntegrityError(
+            f"{mpath}: feature_names: {_feature_diff(list(recorded or []), list(feature_names))}; "
+            "the model was trained with another featurizer version: retrain it"
+        )
+    models: dict[str, str] = {}
+    entries = manifest.get("models", {})
+    if not isinstance(entries, dict):
+        raise ModelIntegrityError(f"{mpath}: models: must be an object")
+    for name, entry in entries.items():
+        fname = entry.get("file") if isinstance(entry, dict) else None
+        if not isinstance(fname, str) or fname not in blobs:
+            raise ModelIntegrityError(f"{mpath}: models.{name}.file: {fname!r} is not a listed, hashed file")
+        try:
+            models[name] = blobs[fname].decode()
+        except UnicodeDecodeError:
+            raise ModelIntegrityError(f"{root / fname}: not a LightGBM text model (not UTF-8)") from None
+    if kind == "model" and not models:
+        raise ModelIntegrityError(f"{mpath}: kind is 'model' but no model files are listed")
+    return ModelArtifact(path=root, manifest=manifest, models=models)
+
+
+def _feature_diff(recorded: list[str], expected: list[str]) -> str:
+    if len(recorded) != len(expected):
+        missing = [n for n in expected if n not in recorded][:5]
+        extra = [n for n in recorded if n not in expected][:5]
+        return (
+            f"model has {len(recorded)} features, this stopserve computes {len(expected)} "
+            f"(missing {missing}, unknown {extra})"
+        )
+    for i, (a, b) in enumerate(zip(recorded, expected, strict=True)):
+        if a != b:
+            return f"feature {i} is {a!r} in the model but {b!r} here"
+    return "differ"
+
+
+# --------------------------------------------------------------------------- model card
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if value is None:
+        return "n/a"
+    return str(value)
+
+
+def render_model_card(manifest: Mapping[str, Any]) -> str:
+    """The ``MODEL_CARD.md`` text for a manifest (what it is, how it was trained, how good)."""
+    kind = manifest.get("kind", "model")
+    lines = [
+        f"# Model card: {manifest.get('model_version', 'unnamed')}",
+        "",
+        "Generated by `stopserve train` from `manifest.json`; do not edit by hand.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| kind | {kind} |",
+        f"| method | {_fmt(manifest.get('method'))} |",
+        f"| cost unit | {_fmt(manifest.get('cost_unit'))} |",
+        f"| default lambda | {_fmt(manifest.get('default_lambda'))} |",
+        f"| tau | {_fmt(manifest.get('tau'))} |",
+        f"| created | {_fmt(manifest.get('created'))} |",
+        "",
+    ]
+    if kind == "heuristic":
+        lines += [
+            "**This directory holds a tuned heuristic, not a learned model**: the learned policy did not",
+            "beat the best tuned heuristic in cross-validated value, so the heuristic ships instead.",
+            "",
+        ]
+    guard = manifest.get("guard")
+    if isinstance(guard, Mapping):
+        lines += ["## Never worse than a tuned heuristic", ""]
+        lines += [f"- {k}: {_fmt(v)}" for k, v in guard.items()]
+        lines.append("")
+    data = manifest.get("training_data")
+    if isinstance(data, Mapping):
+        lines += ["## Training data", ""]
+        lines += [f"- {k}: {_fmt(v)}" for k, v in data.items()]
+        lines.append("")
+    cv = manifest.get("cv")
+    if isinstance(cv, Mapping):
+        lines += ["## Cross-validated metrics", ""]
+        table = cv.get("policies")
+        if isinstance(table, Mapping) and table:
+            lines += ["| policy | value | success | cost |", "|---|---|---|---|"]
+            for name, row in table.items():
+                if isinstance(row, Mapping):
+                    lines.append(
+                        f"| {name} | {_fmt(row.get('value'))} | {_fmt(row.get('success'))} | "
+                        f"{_fmt(row.get('cost'))} |"
+                    )
+            lines.append("")
+        lines += [f"- {k}: {_fmt(v)}" for k, v in cv.items() if not isinstance(v, Mapping | list)]
+        lines.append("")
+    imp = manifest.get("feature_importance")
+    if isinstance(imp, Mapping) and imp:
+        lines += ["## Top features (gain share, all models)", ""]
+        for name, share in list(imp.items())[:10]:
+            lines.append(f"- {name}: {_fmt(share)}")
+        lines.append("")
+    safety = manifest.get("safety")
+    if safety is not None:
+        lines += ["## Safety nets (always applied, override the model)", "", "```json"]
+        lines.append(json.dumps(_clean(safety), indent=2))
+        lines += ["```", ""]
+    libs = manifest.get("libraries")
+    if isinstance(libs, Mapping):
+        lines += ["## Libraries", "", ", ".join(f"{k} {v}" for k, v in libs.items()), ""]
+    return "\n".join(lines)

@@ -161,3 +161,28 @@ def test_real_swe_runs_replay(swe_dir: Path) -> None:
     pols = report["policies"]
     assert pols["oracle"]["value"] >= pols["behavior"]["value"]
     assert pols["behavior"]["success"] == pytest.approx(float(dp.trace_q_final.mean()))
+
+
+def test_import_train_evaluate_end_to_end_on_real_runs(
+    swe_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    imported = tmp_path / "swe.jsonl"
+    assert main(["import", "mini-swe-agent", str(swe_dir), "-o", str(imported), "--no-progress"]) == 0
+    lines = imported.read_text().splitlines()
+    # every 5th run for training, the ones after them for evaluation: several repositories each
+    (tmp_path / "train.jsonl").write_text("\n".join(lines[::5]) + "\n")
+    (tmp_path / "test.jsonl").write_text("\n".join(lines[1::5]) + "\n")
+    model = tmp_path / "model"
+    argv = ["train", str(tmp_path / "train.jsonl"), "-o", str(model), "--lambda", "0.3"]
+    assert main([*argv, "--group-by", "repo", "--folds", "3", "--no-progress"]) == 0
+    capsys.readouterr()
+    chart = tmp_path / "pareto.png"
+    argv = ["evaluate", "--model", str(model), str(tmp_path / "test.jsonl")]
+    argv += ["--tune-on", str(tmp_path / "train.jsonl"), "--json", "--plot", str(chart)]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cost_unit"] == "usd" and report["lambda"] == pytest.approx(0.3)
+    assert report["n_traces"] == len(lines[1::5])
+    assert report["policies"]["learned"]["kind"] in ("model", "heuristic")
+    assert report["policies"]["oracle"]["value"] >= report["policies"]["learned"]["value"]
+    assert chart.stat().st_size > 1000

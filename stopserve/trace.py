@@ -605,9 +605,18 @@ class TraceWriter:
         if self.path.name.lower().endswith(".gz"):
             self._fh = gzip.GzipFile(fileobj=self._raw, mode=mode)  # type: ignore[assignment]
 
-    def write(self, trace: Trace | Mapping[str, Any]) -> None:
-        """Write one trace; a mapping is validated first, so the file never holds an invalid trace."""
-        data = (trace if isinstance(trace, Trace) else parse_trace(dict(trace), file=str(self.path))).dump()
+    def write(self, trace: Trace | Mapping[str, Any], *, validate: bool = True) -> None:
+        """Write one trace; a mapping is validated first, so the file never holds an invalid trace.
+
+        ``validate=False`` writes a mapping as it is: only for generators whose output
+        is tested to validate (the simulator), where per-trace validation is the cost.
+        """
+        if isinstance(trace, Trace):
+            data: Any = trace.dump()
+        elif validate:
+            data = parse_trace(dict(trace), file=str(self.path)).dump()
+        else:
+            data = trace
         if self._json:
             if self.count:
                 raise TraceFormatError(f"{self.path}: a .json file holds one trace; write .jsonl for many")

@@ -20,13 +20,15 @@ Cost: ``fold`` is O(1) amortized and allocates nothing that grows with the run
 except the bounded structures below; ``features`` is O(number of features).
 Memory per run is bounded by the window sizes (constructor arguments):
 
-* ``seen_window`` event ids (default 10,000) for idempotent retries: an event
-  whose id is among the last ``seen_window`` folded ids is skipped. A retry must
-  therefore resend a *recent* event (the service resends the last batch), which
-  is always the case for request retries; roughly 100 bytes per id.
-* ``ref_window`` content refs (default 4,096) with their counts, least recently
-  seen evicted first. Refs longer than 256 characters are replaced by a 16-byte
-  blake2b digest, so a huge ref costs no more memory than a short one.
+* ``seen_window`` event ids (default 4,096) for idempotent retries: an event
+  whose id is among the newest ``seen_window`` folded ids is skipped (ids older
+  than twice that are forgotten). A retry must therefore resend a *recent* event,
+  as request retries do (the service takes at most 2,000 events a request);
+  about 100 bytes per id.
+* ``ref_window`` content refs (default 1,024) with their counts, the most recently
+  seen kept (ids and refs are compacted in one O(window) pass every ``window``
+  insertions, O(1) amortized). Refs longer than 256 characters are replaced by a
+  16-byte blake2b digest, so a huge ref costs no more memory than a short one.
 * at most ``max_agents`` (default 1,024) agent names and 64 reward channels;
   further ones are folded but not remembered by name.
 
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable
 from typing import Final
 
@@ -124,6 +126,9 @@ FEATURE_NAMES: Final[tuple[str, ...]] = (
 
 _TOPOLOGY_INDEX: Final = {name: i for i, name in enumerate(TOPOLOGIES)}
 
+# a finished action: ((agent, tool, action ref), result ref, failed, event ids)
+_Pair = tuple[tuple[str, str | None, str | None], str | None, bool, tuple[str, ...]]
+
 
 def _digest(ref: str) -> str:
     return "blake2b:" + hashlib.blake2b(ref.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
@@ -150,13 +155,10 @@ class RunState:
     """
 
     __slots__ = (
-        "_abab",
         "_active_window",
         "_agent_ret_ref",
         "_agents",
-        "_alt_ids",
         "_alt_len",
-        "_alt_seed",
         "_best",
         "_best_tokens",
         "_best_turn",
@@ -167,10 +169,8 @@ class RunState:
         "_consensus_max",
         "_counts",
         "_err_consec",
-        "_err_sum",
         "_err_total",
         "_err_window",
-        "_id_order",
         "_ident_max",
         "_ident_run",
         "_ident_sig",
@@ -195,9 +195,7 @@ class RunState:
         "_ref_counts",
         "_ref_window",
         "_refs_recent",
-        "_same_err_ids",
         "_same_err_run",
-        "_same_res_ids",
         "_same_res_run",
         "_seen_window",
         "_tokens",
@@ -213,8 +211,8 @@ class RunState:
         topology: str | None = None,
         budget: Budget | None = None,
         *,
-        seen_window: int = 10_000,
-        ref_window: int = 4096,
+        seen_window: int = 4096,
+        ref_window: int = 1024,
         max_agents: int = 1024,
     ) -> None:
         if topology is not None and topology not in _TOPOLOGY_INDEX:
@@ -227,8 +225,8 @@ class RunState:
         self._seen_window = max(1, seen_window)
         self._ref_window = max(1, ref_window)
         self._max_agents = max(1, max_agents)
-        self._ids: set[str] = set()
-        self._id_order: deque[str] = deque()
+        # insertion-ordered; compacted to the newest seen_window ids at 2 x seen_window
+        self._ids: dict[str, None] = {}
         self._n_events = 0
         self._turn = 0
         self._counts = dict.fromkeys(EVENT_TYPES, 0)
@@ -244,8 +242,8 @@ class RunState:
         self._err_total = 0
         self._err_consec = 0
         self._err_window: deque[bool] = deque(maxlen=ERROR_WINDOW)
-        self._err_sum = 0
-        self._ref_counts: OrderedDict[str, int] = OrderedDict()
+        # recency-ordered (a hit re-inserts); compacted to the newest ref_window at 2 x
+        self._ref_counts: dict[str, int] = {}
         self._refs_recent: deque[str | None] = deque(maxlen=REF_RATIO_WINDOW)
         self._last_ref: str | None = None
         self._ident_sig: tuple[str, str, str | None, str | None] | None = None
@@ -253,15 +251,10 @@ class RunState:
         self._ident_max = 0
         # loop detector: completed (action, result) pairs
         self._pending_action: Event | None = None
-        self._pairs: deque[tuple[tuple[str, str | None, str | None], str | None, bool]] = deque(maxlen=3)
+        self._pairs: deque[_Pair] = deque(maxlen=LOOP_ID_WINDOW // 2)
         self._same_res_run = 0
-        self._same_res_ids: deque[str] = deque(maxlen=LOOP_ID_WINDOW)
         self._same_err_run = 0
-        self._same_err_ids: deque[str] = deque(maxlen=LOOP_ID_WINDOW)
         self._alt_len = 0
-        self._alt_ids: deque[str] = deque(maxlen=LOOP_ID_WINDOW)
-        self._alt_seed: deque[tuple[str, ...]] = deque(maxlen=2)
-        self._abab = False
         self._mono_run = 0
         self._mono_agent: str | None = None
         self._mono_ref: str | None = None
@@ -344,11 +337,9 @@ class RunState:
         ):
             self._check(event, last_t)
 
-        ids.add(eid)
-        order = self._id_order
-        order.append(eid)
-        if len(order) > self._seen_window:
-            ids.discard(order.popleft())
+        ids[eid] = None
+        if len(ids) > self._seen_window << 1:
+            self._ids = dict.fromkeys(list(ids)[-self._seen_window :])
 
         kind = event.type
         agent = event.agent
@@ -372,8 +363,8 @@ class RunState:
                 ref = _digest(ref)
             counts = self._ref_counts
             counts[ref] = counts.pop(ref, 0) + 1
-            if len(counts) > self._ref_window:
-                counts.popitem(last=False)
+            if len(counts) > self._ref_window << 1:
+                self._ref_counts = dict(list(counts.items())[-self._ref_window :])
             self._last_ref = ref
             sig = (agent, kind, event.tool, ref)
             if sig == self._ident_sig:
@@ -391,16 +382,12 @@ class RunState:
 
         err = event.error
         if err is not None or kind == "return":
-            window = self._err_window
-            if len(window) == ERROR_WINDOW and window[0]:
-                self._err_sum -= 1
             if err:
-                window.append(True)
-                self._err_sum += 1
+                self._err_window.append(True)
                 self._err_consec += 1
                 self._err_total += 1
             else:
-                window.append(False)
+                self._err_window.append(False)
                 self._err_consec = 0
 
         # monologue: the same message by one agent, nothing in between
@@ -459,54 +446,36 @@ class RunState:
         aref = action.content_ref
         if aref is not None and len(aref) > MAX_REF_CHARS:
             aref = _digest(aref)
-        if result_ref is not None and len(result_ref) > MAX_REF_CHARS:
-            result_ref = _digest(result_ref)
         asig = (action.agent, action.tool, aref)
         pairs = self._pairs
-        prev = pairs[-1] if pairs else None
         ids = (action.id,) if result_id is None else (action.id, result_id)
-        # unknown content (no ref) never counts as "the same": false stops cost more
-        known = aref is not None
-        if (
-            known
-            and result_ref is not None
-            and prev is not None
-            and prev[0] == asig
-            and prev[1] == result_ref
-        ):
-            self._same_res_run += 1
-        else:
-            self._same_res_run = 1 if known and result_ref is not None else 0
-            self._same_res_ids.clear()
-        self._same_res_ids.extend(ids)
-        if known and failed and prev is not None and prev[0] == asig and prev[2]:
-            self._same_err_run += 1
-        else:
-            self._same_err_run = 1 if known and failed else 0
-            self._same_err_ids.clear()
-        self._same_err_ids.extend(ids)
-        pair = (asig, result_ref, failed)
-        if (
-            known
-            and len(pairs) >= 2
-            and pair[:2] == pairs[-2][:2]
-            and pair[:2] != pairs[-1][:2]
-            and pairs[-1][0][2] is not None
-        ):
-            if self._alt_len == 0:
-                self._alt_len = 3
-                self._alt_ids.clear()
-                for seed in self._alt_seed:
-                    self._alt_ids.extend(seed)
+        if aref is None:
+            # unknown content never counts as "the same": false stops cost more
+            self._same_res_run = self._same_err_run = self._alt_len = 0
+            pairs.append((asig, result_ref, failed, ids))
+            return
+        prev = pairs[-1] if pairs else None
+        if prev is not None and prev[0] == asig:
+            if result_ref is not None and prev[1] == result_ref:
+                self._same_res_run += 1
             else:
-                self._alt_len += 1
-        else:
+                self._same_res_run = 1 if result_ref is not None else 0
+            self._same_err_run = self._same_err_run + 1 if failed and prev[2] else int(failed)
             self._alt_len = 0
-            self._alt_ids.clear()
-        self._alt_ids.extend(ids)
-        self._alt_seed.append(ids)
-        self._abab = self._alt_len >= 4
-        pairs.append(pair)
+        else:
+            self._same_res_run = 1 if result_ref is not None else 0
+            self._same_err_run = int(failed)
+            if (
+                prev is not None
+                and prev[0][2] is not None
+                and len(pairs) >= 2
+                and pairs[-2][0] == asig
+                and pairs[-2][1] == result_ref
+            ):
+                self._alt_len = self._alt_len + 1 if self._alt_len else 3
+            else:
+                self._alt_len = 0
+        pairs.append((asig, result_ref, failed, ids))
 
     def _consensus_update(self, agent: str, ref: str | None) -> None:
         latest = self._agent_ret_ref
@@ -599,12 +568,12 @@ class RunState:
             *shares,
             self._err_total,
             self._err_consec,
-            self._err_sum / len(window) if window else 0.0,
+            sum(window) / len(window) if window else 0.0,
             self._ref_counts.get(self._last_ref, 0) if self._last_ref is not None else 0,
             self._ident_run,
             self._ident_max,
             distinct / n_recent if n_recent else 0.0,
-            1.0 if self._abab else 0.0,
+            1.0 if self._alt_len >= 4 else 0.0,
             self._same_res_run,
             self._same_err_run,
             self._mono_run,
@@ -627,7 +596,7 @@ class RunState:
         return dict(zip(FEATURE_NAMES, self.features().tolist(), strict=True))
 
     def seen(self, event_id: str) -> bool:
-        """Whether ``event_id`` is among the last ``seen_window`` folded ids."""
+        """Whether ``event_id`` was folded recently (always true for the newest ``seen_window``)."""
         return event_id in self._ids
 
     @property
@@ -702,13 +671,9 @@ class RunState:
         raise KeyError(pattern)
 
     def loop_events(self, pattern: str) -> list[str]:
-        """Ids of the latest events (at most 64) in the current run of ``pattern``."""
-        if pattern == "repeated_action_observation":
-            return list(self._same_res_ids) if self._same_res_run else []
-        if pattern == "repeated_action_error":
-            return list(self._same_err_ids) if self._same_err_run else []
+        """Ids of the events in the current run of ``pattern`` (the latest 64 at most)."""
         if pattern == "monologue":
             return list(self._mono_ids) if self._mono_run else []
-        if pattern == "alternating_actions":
-            return list(self._alt_ids) if self._alt_len else []
-        raise KeyError(pattern)
+        run = self.loop_run(pattern)
+        pairs = list(self._pairs)[-run:] if run else []
+        return [eid for pair in pairs for eid in pair[3]]

@@ -1,0 +1,181 @@
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fit_data import synth_trace, synth_traces
+
+from stopserve.artifacts import load_model_dir
+from stopserve.cli import main
+from stopserve.errors import TrainingError
+from stopserve.policy import Policy
+from stopserve.trace import Trace, write_traces
+from training.fit import _ipw, _next_stop_value, fit_policy
+from training.heuristics import replay
+from training.labels import build_decision_points
+
+FAST = {"folds": 3, "max_rounds": 30, "early_stopping": 5}
+
+
+@pytest.fixture(scope="module")
+def dp():  # type: ignore[no-untyped-def]
+    return build_decision_points(synth_traces(100, seed=2))
+
+
+def test_learned_policy_beats_heuristics_on_a_learnable_signal(dp) -> None:  # type: ignore[no-untyped-def]
+    result = fit_policy(dp, lam=2.0, **FAST)
+    pol = result.cv["policies"]
+    assert result.manifest["kind"] == "model" and result.chosen == "learned"
+    assert pol["learned"]["value"] > pol["behavior"]["value"]
+    assert pol["learned"]["value"] > pol[result.cv["best_heuristic"]]["value"]
+    assert pol["learned"]["value"] <= pol["oracle"]["value"] + 1e-12
+    assert set(result.models) == {"q", "s", "k"}
+    assert result.cv["q_auc"] > 0.8  # failing runs show their errors and repetitions
+    # repetition / error features carry the signal
+    top = list(result.importance)[:10]
+    assert any(("error" in n or "ident" in n or "ref" in n or "same" in n) for n in top), top
+    m = result.manifest
+    assert m["training_data"]["n_traces"] == 100 and len(m["training_data"]["sha256"]) == 64
+    assert m["guard"]["shipped"] == "learned model"
+    assert m["models"]["q"]["calibration"] is not None  # binary outcome: calibrated
+    assert result.timings["lightgbm_train_s"] > 0
+
+
+def test_cv_value_is_honest_replay(dp) -> None:  # type: ignore[no-untyped-def]
+    # the reported behavior value is the replay of "never stop", the oracle the hindsight best
+    result = fit_policy(dp, lam=2.0, **FAST)
+    never = replay(dp, np.zeros(dp.n_rows, dtype=bool), 2.0)
+    assert result.cv["policies"]["behavior"]["value"] == pytest.approx(never.mean_value)
+    best = np.maximum.reduceat(dp.r_stop(2.0), dp.offsets[:-1]).mean()
+    assert result.cv["policies"]["oracle"]["value"] == pytest.approx(best)
+
+
+def test_saved_model_round_trips(dp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    result = fit_policy(dp, lam=2.0, **FAST)
+    out = result.save(tmp_path / "m")
+    art = load_model_dir(out)
+    assert art.manifest["default_lambda"] == 2.0 and art.manifest["method"] == "behavior"
+    policy = Policy.load(out)
+    batch = policy.predict_batch(dp.X, 2.0)
+    assert batch["v_stop"].shape == (dp.n_rows,)
+    assert (
+        "CV" in (out / "MODEL_CARD.md").read_text()
+        or "Cross-validated" in (out / "MODEL_CARD.md").read_text()
+    )
+
+
+def test_optimal_method_fits_c_and_serves_it(dp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    result = fit_policy(dp, lam=2.0, method="optimal", **FAST)
+    assert result.manifest["kind"] == "model", result.warnings
+    assert "c" in result.models and result.manifest["optimal"]["lambda"] == 2.0
+    pol = result.cv["policies"]
+    assert pol["learned"]["value"] > pol["behavior"]["value"]
+    policy = Policy.load(result.save(tmp_path / "opt"))
+    at_opt = policy.predict_batch(dp.X[:50], 2.0)
+    other = policy.predict_batch(dp.X[:50], 1.0)
+    # at the fitted lambda V = C - S; elsewhere the Q - S - lambda K dial
+    assert not np.allclose(
+        at_opt["v_stop"], at_opt["q_continue"] - at_opt["q_stop"] - 2.0 * at_opt["cost_to_go"]
+    )
+    np.testing.assert_allclose(other["v_stop"], other["q_continue"] - other["q_stop"] - other["cost_to_go"])
+
+
+def test_next_stop_value_matches_brute_force(dp) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(0)
+    stop = rng.random(dp.n_rows) < 0.2
+    got = _next_stop_value(dp, stop, 0.5)
+    for i in range(dp.n_traces):
+        a, b = dp.offsets[i], dp.offsets[i + 1]
+        for t in range(a, b):
+            later = [j for j in range(t + 1, b) if stop[j]]
+            want = dp.q[later[0]] - 0.5 * dp.c[later[0]] if later else dp.q_final[t] - 0.5 * dp.c_final[t]
+            assert got[t] == pytest.approx(want)
+
+
+def test_all_failures_ship_the_heuristic() -> None:
+    # nothing to gain by continuing: stopping at once is best, which a turn cap does exactly;
+    # the learned policy cannot beat it, so the guard ships the heuristic and says so
+    traces = synth_traces(60, seed=3, success=False)
+    result = fit_policy(build_decision_points(traces), lam=1.0, **FAST)
+    assert result.manifest["kind"] == "heuristic" and result.models == {}
+    assert any("same outcome" in w for w in result.warnings)
+    assert any("SHIPPING THE HEURISTIC" in w for w in result.warnings)
+    assert result.manifest["safety"]["max_turns"] is not None or result.manifest["safety"].get("max_usd")
+
+
+def test_all_successes_train() -> None:
+    traces = synth_traces(60, seed=4, success=True)
+    result = fit_policy(build_decision_points(traces), lam=0.5, **FAST)
+    assert any("same outcome" in w for w in result.warnings)
+    assert result.manifest["kind"] in ("model", "heuristic")
+
+
+def test_single_task_falls_back_to_folds_over_traces() -> None:
+    rng = random.Random(0)
+    traces = [synth_trace(i, rng, task="only__task") for i in range(40)]
+    result = fit_policy(build_decision_points(traces), lam=2.0, **FAST)
+    assert any("only one group" in w for w in result.warnings)
+    assert result.cv["folds"] == 3
+
+
+def test_too_little_data_is_refused() -> None:
+    one = build_decision_points(synth_traces(1))
+    with pytest.raises(TrainingError, match="at least 2 traces"):
+        fit_policy(one, lam=1.0)
+    with pytest.raises(TrainingError, match="method"):
+        fit_policy(build_decision_points(synth_traces(10)), method="magic")
+
+
+def test_missing_costs_fall_back_to_tokens() -> None:
+    rng = random.Random(5)
+    traces = [synth_trace(i, rng, usd=i % 2 == 0) for i in range(60)]
+    dp = build_decision_points(traces)
+    assert dp.cost_unit == "ktokens"
+    result = fit_policy(dp, **FAST)
+    assert result.manifest["default_lambda"] == pytest.approx(0.002)
+    assert result.manifest["cost_unit"] == "ktokens"
+
+
+def test_propensities_below_one_weight_rows() -> None:
+    rng = random.Random(6)
+    traces = [synth_trace(i, rng, propensity=0.25 if i % 3 == 0 else None) for i in range(60)]
+    dp = build_decision_points(traces)
+    w = _ipw(dp)
+    explored = dp.propensity < 1
+    assert explored.any() and w.mean() == pytest.approx(1.0)
+    # rows at and after an explored continue weigh 4x the rows before it in the same trace
+    i = int(np.flatnonzero(explored)[0])
+    assert w[i] == pytest.approx(4 * w[i - 1])
+    result = fit_policy(dp, lam=2.0, **FAST)
+    assert any("inverse-propensity" in n for n in result.warnings)
+
+
+def _write(tmp_path: Path, traces: list[Trace], name: str = "runs.jsonl") -> Path:
+    path = tmp_path / name
+    write_traces(path, traces)
+    return path
+
+
+def test_train_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, synth_traces(80, seed=7))
+    out = tmp_path / "model"
+    code = main(["train", str(path), "-o", str(out), "--lambda", "2", "--folds", "3", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "chosen policy" in err and "best heuristic" in err and "top features" in err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["cv"]["folds"] == 3
+    Policy.load(out)
+
+
+def test_train_command_refuses_traces_without_outcome(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = synth_traces(1)[0].model_copy(update={"rewards": {}})
+    path = _write(tmp_path, [trace, *synth_traces(3, seed=1)])
+    code = main(["train", str(path), "-o", str(tmp_path / "m"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no outcome" in err and "Traceback" not in err

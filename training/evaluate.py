@@ -298,6 +298,16 @@ def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
             label=f"{name} ({'lambda sweep' if name == 'learned' else 'parameter sweep'})",
             markersize=4,
         )
+    if "learned" in report["policies"]:
+        p = report["policies"]["learned"]
+        ax.plot(
+            [p["cost"]],
+            [p["success"]],
+            "bo",
+            markersize=10,
+            mfc="none",
+            label=f"learned at lambda {report['lambda']:g}",
+        )
     for name, marker in (("behavior", "k*"), ("oracle", "r*")):
         p = report["policies"][name]
         ax.plot([p["cost"]], [p["success"]], marker, markersize=14, label=name)
@@ -350,7 +360,14 @@ def evaluate_command(args: argparse.Namespace) -> int:
     lam = args.lam if args.lam is not None else getattr(policy, "default_lambda", None)
     if lam is None:
         lam = DEFAULT_LAMBDA
-    cost_unit = args.cost_unit or manifest.get("cost_unit")
+    model_unit = manifest.get("cost_unit")
+    if args.cost_unit and model_unit and args.cost_unit != model_unit:
+        # the model's lambda and cost-to-go are in its own unit: mixing units misprices every stop
+        raise TrainingError(
+            f"--cost-unit {args.cost_unit} differs from the model's cost unit {model_unit!r} "
+            f"({args.model}/manifest.json); evaluate in {model_unit!r}"
+        )
+    cost_unit = args.cost_unit or model_unit
     labels_from_rewards = bool(args.labels_from_rewards or manifest.get("labels_from_rewards", False))
     sweep_lambdas = [lam * m for m in LAMBDA_SWEEP if lam * m != lam] if args.plot else []
     if args.plot and lam == 0:

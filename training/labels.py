@@ -21,6 +21,7 @@ import argparse
 import csv
 import math
 import sys
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,21 +198,34 @@ def _loop_flagger() -> Callable[[RunState], bool]:
 
 
 class _Columns:
-    """Row buffers, grown by append; turned into arrays once at the end."""
+    """Row buffers: compact typed arrays (8 bytes a value), the feature matrix grown by doubling."""
 
-    def __init__(self) -> None:
-        self.X: list[FloatArray] = []
-        self.trace_idx: list[int] = []
-        self.turn: list[int] = []
-        self.q: list[float] = []
-        self.c_usd: list[float] = []
-        self.c_tok: list[float] = []
-        self.c_sec: list[float] = []
-        self.propensity: list[float] = []
-        self.is_last: list[bool] = []
-        self.latest_reward: list[float] = []
-        self.loop: list[bool] = []
-        self.rule_stops: list[list[bool]] = []
+    def __init__(self, n_features: int, n_rules: int) -> None:
+        self.n = 0
+        self._X = np.empty((1024, n_features), dtype=np.float64)
+        self.trace_idx = array("q")
+        self.turn = array("q")
+        self.q = array("d")
+        self.c_usd = array("d")
+        self.tokens = array("d")
+        self.c_sec = array("d")
+        self.propensity = array("d")
+        self.is_last = array("b")
+        self.latest_reward = array("d")
+        self.loop = array("b")
+        self.rule_stops = array("b")
+        self.n_rules = n_rules
+
+    def add_features(self, x: FloatArray) -> None:
+        if self.n == self._X.shape[0]:
+            grown = np.empty((2 * self.n, self._X.shape[1]), dtype=np.float64)
+            grown[: self.n] = self._X
+            self._X = grown
+        self._X[self.n] = x
+        self.n += 1
+
+    def matrix(self) -> FloatArray:
+        return self._X[: self.n].copy()
 
 
 def _team_outcome(trace: Trace) -> float | None:
@@ -248,7 +262,7 @@ def build_decision_points(
     if group_by not in ("task", "repo"):
         raise TrainingError(f"group_by {group_by!r} is not one of task, repo")
     loop_flag = _loop_flagger()
-    cols = _Columns()
+    cols = _Columns(len(FEATURE_NAMES), len(stop_rules))
     offsets: list[int] = [0]
     task_ids: list[str] = []
     trace_ids: list[str] = []
@@ -300,22 +314,22 @@ def build_decision_points(
                 q = reward_label
             else:
                 q = 0.0  # before the run's own stop; the last row is fixed below
-            cols.X.append(np.asarray(state.features(), dtype=np.float64))
+            cols.add_features(state.features())
             cols.trace_idx.append(ti)
             cols.turn.append(int(state.turn))
             cols.q.append(float(q))
             cols.c_usd.append(usd)
-            cols.c_tok.append(tok / 1000.0)
+            cols.tokens.append(tok)
             cols.c_sec.append(float(ev.t))
             cols.propensity.append(ev.decision.propensity if ev.decision is not None else 1.0)
-            cols.is_last.append(False)
+            cols.is_last.append(0)
             # the reward the quality_met net reads: the run's primary channel
             latest = state.latest_reward
             cols.latest_reward.append(math.nan if latest is None else float(latest))
             cols.loop.append(loop_flag(state))
             if stop_rules:
                 proposed = ev.type == "stop" and bool(ev.proposed)
-                cols.rule_stops.append([bool(rule(state, proposed)) for rule in stop_rules])
+                cols.rule_stops.extend(bool(rule(state, proposed)) for rule in stop_rules)
         # the logged end: every event folded
         if grade is not None:
             q_end = grade
@@ -330,7 +344,7 @@ def build_decision_points(
                 f"'rewards.team' is missing{hint}; grade the run or give its final reward"
             )
         last = len(cols.q) - 1
-        cols.is_last[last] = True
+        cols.is_last[last] = 1
         if grade is None:
             # spec: the last decision point is the run's own stop, where the final outcome holds
             cols.q[last] = q_end
@@ -352,31 +366,35 @@ def build_decision_points(
             "cost unit 'usd' asked for, but no event carries 'usd'; use --cost-unit ktokens or seconds"
         )
     which = COST_UNITS.index(unit)
-    c_rows = {0: cols.c_usd, 1: cols.c_tok, 2: cols.c_sec}[which]
+    tokens = np.frombuffer(cols.tokens, dtype=np.float64)
+    c_rows = {
+        0: np.frombuffer(cols.c_usd, dtype=np.float64),
+        1: tokens / 1000.0,
+        2: np.frombuffer(cols.c_sec, dtype=np.float64),
+    }[which]
     trace_c_final = np.array([cf[which] for cf in c_finals], dtype=np.float64)
-    trace_idx = np.asarray(cols.trace_idx, dtype=np.int64)
+    trace_idx = np.array(cols.trace_idx, dtype=np.int64)
     tasks = np.asarray(task_ids, dtype=np.str_)
     groups = (
         np.asarray([t.split("__", 1)[0] for t in task_ids], dtype=np.str_) if group_by == "repo" else tasks
     )
     trace_q_final = np.asarray(q_finals, dtype=np.float64)
-    n_features = len(FEATURE_NAMES)
     return DecisionPoints(
         cost_unit=unit,
-        X=np.vstack(cols.X) if cols.X else np.zeros((0, n_features)),
+        X=cols.matrix(),
         trace_idx=trace_idx,
-        turn=np.asarray(cols.turn, dtype=np.int64),
-        q=np.asarray(cols.q, dtype=np.float64),
-        c=np.asarray(c_rows, dtype=np.float64),
+        turn=np.array(cols.turn, dtype=np.int64),
+        q=np.array(cols.q, dtype=np.float64),
+        c=np.array(c_rows, dtype=np.float64),
         q_final=trace_q_final[trace_idx],
         c_final=trace_c_final[trace_idx],
-        propensity=np.asarray(cols.propensity, dtype=np.float64),
-        is_last=np.asarray(cols.is_last, dtype=bool),
-        elapsed=np.asarray(cols.c_sec, dtype=np.float64),
-        tokens=np.asarray(cols.c_tok, dtype=np.float64) * 1000.0,
-        usd=np.asarray(cols.c_usd, dtype=np.float64),
-        latest_reward=np.asarray(cols.latest_reward, dtype=np.float64),
-        loop=np.asarray(cols.loop, dtype=bool),
+        propensity=np.array(cols.propensity, dtype=np.float64),
+        is_last=np.array(cols.is_last, dtype=bool),
+        elapsed=np.array(cols.c_sec, dtype=np.float64),
+        tokens=tokens.copy(),
+        usd=np.array(cols.c_usd, dtype=np.float64),
+        latest_reward=np.array(cols.latest_reward, dtype=np.float64),
+        loop=np.array(cols.loop, dtype=bool),
         offsets=np.asarray(offsets, dtype=np.int64),
         task_id=tasks,
         group=groups,
@@ -387,7 +405,7 @@ def build_decision_points(
         optimal_lambda=np.asarray(opt_lambda, dtype=np.float64),
         run_to_cap=np.asarray(run_to_cap, dtype=bool),
         rule_stops=(
-            np.asarray(cols.rule_stops, dtype=bool).reshape(len(cols.q), len(stop_rules))
+            np.frombuffer(cols.rule_stops, dtype=np.int8).astype(bool).reshape(len(cols.q), len(stop_rules))
             if stop_rules
             else np.zeros((0, 0), dtype=bool)
         ),

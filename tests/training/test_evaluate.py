@@ -146,6 +146,8 @@ def test_evaluate_command_reports_bad_input_without_a_traceback(
     write_traces(no_outcome, [step_trace("x", "t", 3, team=None)])
     assert main(["evaluate", "--model", str(model), str(no_outcome), "--tune-on", str(one_task)]) == 2
     assert "trace 'x' has no outcome" in capsys.readouterr().err
+    assert main(["evaluate", "--model", str(model), str(one_task), "--cost-unit", "ktokens"]) == 2
+    assert "differs from the model's cost unit 'usd'" in capsys.readouterr().err
 
 
 def test_real_swe_runs_replay(swe_dir: Path) -> None:

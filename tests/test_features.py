@@ -339,3 +339,15 @@ def test_real_swe_runs_fold(swe_dir: Path) -> None:
 
 def _may_be_nan(name: str) -> bool:
     return name.startswith(("budget_share", "reward_", "turns_since", "tokens_since", "consensus_share"))
+
+
+def test_docs_table_lists_every_feature_in_order() -> None:
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "features.md").read_text()
+    names: list[str] = []
+    for line in doc.splitlines():
+        if re.match(r"\| \d+(–\d+)? \| ", line):
+            cell = line.split("|")[2]
+            names.extend(re.findall(r"`([a-z_0-9]+)`", cell))
+    assert names == list(FEATURE_NAMES)

@@ -1,0 +1,170 @@
+"""StopServeTermination in a real AutoGen team (ReplayChatCompletionClient) against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from servers import LiveServer
+
+pytest.importorskip("autogen_agentchat")
+
+from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.base import TaskResult, TerminationCondition
+from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.messages import (
+    HandoffMessage,
+    TextMessage,
+    ToolCallExecutionEvent,
+    ToolCallRequestEvent,
+)
+from autogen_agentchat.teams import RoundRobinGroupChat
+from autogen_core import FunctionCall
+from autogen_core.models import CreateResult, FunctionExecutionResult, ModelFamily, ModelInfo, RequestUsage
+from autogen_ext.models.replay import ReplayChatCompletionClient
+
+from stopserve.integrations._common import RunClock
+from stopserve.integrations.autogen import StopServeTermination, events_from_messages
+from stopserve.trace import read_traces
+
+MODEL_INFO = ModelInfo(
+    vision=False,
+    function_calling=True,
+    json_output=False,
+    family=ModelFamily.UNKNOWN,
+    structured_output=False,
+)
+
+
+def run_tests(path: str) -> str:
+    """Run the test suite at path."""
+    return "1 failed" if "broken" in path else "all passed"
+
+
+def tool_call(i: int) -> CreateResult:
+    return CreateResult(
+        finish_reason="function_calls",
+        content=[FunctionCall(id=f"call{i}", name="run_tests", arguments=f'{{"path": "t{i}"}}')],
+        usage=RequestUsage(prompt_tokens=100, completion_tokens=20),
+        cached=False,
+    )
+
+
+def make_team(url: str, termination: TerminationCondition, n_steps: int = 20) -> RoundRobinGroupChat:
+    model = ReplayChatCompletionClient([tool_call(i) for i in range(n_steps)], model_info=MODEL_INFO)
+    coder = AssistantAgent("coder", model_client=model, tools=[run_tests])
+    return RoundRobinGroupChat([coder], termination_condition=termination)
+
+
+def test_message_mapping() -> None:
+    clock = RunClock()
+    req = ToolCallRequestEvent(
+        source="coder",
+        content=[
+            FunctionCall(id="a", name="ls", arguments="{}"),
+            FunctionCall(id="b", name="cat", arguments="{}"),
+        ],
+        models_usage=RequestUsage(prompt_tokens=7, completion_tokens=3),
+    )
+    res = ToolCallExecutionEvent(
+        source="coder",
+        content=[
+            FunctionExecutionResult(content="ok", name="ls", call_id="a", is_error=False),
+            FunctionExecutionResult(content="boom", name="cat", call_id="b", is_error=True),
+        ],
+    )
+    text = TextMessage(source="user", content="fix the bug")
+    handoff = HandoffMessage(source="coder", target="critic", content="please review")
+    events = events_from_messages([text, req, res, handoff], clock)
+    assert [e.type for e in events] == ["communicate", "tool_use", "tool_use", "return", "return", "delegate"]
+    assert events[0].role == "human"
+    assert [e.tokens for e in events[1:3]] == [10, None]  # usage counted once per model call
+    assert [e.tool for e in events[1:5]] == ["ls", "cat", "ls", "cat"]
+    assert [e.error for e in events[3:5]] == [False, True]
+    assert events[5].to == "critic"
+    assert len({e.id for e in events}) == 6
+    assert [e.t for e in events] == sorted(e.t for e in events)
+    # the same messages again map to the same ids: a retried call is idempotent
+    assert [e.id for e in events_from_messages([req], RunClock())] == [e.id for e in events[1:3]]
+
+
+def test_team_stops_when_the_service_says_so(server: LiveServer) -> None:
+    stop = StopServeTermination(server.url, safety={"max_turns": 2}, timeout=2.0, task_id="fix-bug")
+    team = make_team(server.url, stop | MaxMessageTermination(50))
+
+    async def main() -> tuple[TaskResult, object]:
+        result = await team.run(task="fix the failing test")
+        out = await stop.outcome({"team": 1.0})
+        return result, out
+
+    result, out = asyncio.run(main())
+    assert result.stop_reason is not None
+    assert result.stop_reason.startswith("stopserve: stop (budget_exhausted), safety net max_turns")
+    assert "degraded" not in result.stop_reason
+    assert stop.last_decision is not None and stop.last_decision.turn == 2
+    # two agent turns ran (each a tool call and its result), not the 50 messages of the outer net
+    assert sum(isinstance(m, ToolCallExecutionEvent) for m in result.messages) == 2
+    assert out is not None
+    trace = next(t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == stop.last_run_id)
+    assert trace.task_id == "fix-bug" and trace.rewards == {"team": 1.0}
+    assert [e.type for e in trace.events].count("return") == 2
+    assert (
+        trace.stop is not None and trace.stop.reason == "budget_exhausted" and trace.stop.by == "safety_net"
+    )
+    assert sum(e.tokens or 0 for e in trace.events) == 2 * 120
+
+
+def test_other_condition_stops_first_and_run_restarts(server: LiveServer) -> None:
+    stop = StopServeTermination(server.url, safety={"max_turns": 50}, timeout=2.0)
+    team = make_team(server.url, stop | MaxMessageTermination(3))
+
+    async def main() -> tuple[TaskResult, str | None, TaskResult, str | None]:
+        first = await team.run(task="go")
+        first_run = stop.last_run_id
+        second = await team.run()  # continues the team: a new stopserve run
+        return first, first_run, second, stop.last_run_id
+
+    first, run1, second, run2 = asyncio.run(main())
+    assert first.stop_reason is not None and "Maximum number of messages" in first.stop_reason
+    assert second.stop_reason is not None and "Maximum number of messages" in second.stop_reason
+    assert not stop.terminated and run1 != run2
+
+
+def test_component_config_round_trip() -> None:
+    cond = StopServeTermination("http://127.0.0.1:9", safety={"max_usd": 2.0}, lam=0.1, task_id="t")
+    combined = cond | MaxMessageTermination(50)
+    loaded = TerminationCondition.load_component(combined.dump_component())
+    inner = loaded._conditions[0]  # type: ignore[attr-defined]
+    assert isinstance(inner, StopServeTermination)
+    assert inner._to_config() == cond._to_config()
+    assert inner._to_config().safety == {"max_usd": 2.0}
+
+
+@pytest.mark.timeout(60)
+def test_server_killed_mid_run_team_finishes_on_local_nets(tmp_path: Path) -> None:
+    """Kill -9 the sidecar mid-run: the team neither hangs nor crashes; decisions turn degraded."""
+    srv = LiveServer(log_dir=tmp_path, no_model=True).start()
+    try:
+        stop = StopServeTermination(srv.url, safety={"max_turns": 4}, timeout=0.2)
+        kill_after = 2
+        seen: list[bool] = []
+
+        class KillAfter(MaxMessageTermination):
+            """Counts agent turns; kills the server after the second (a crash mid-run)."""
+
+            async def __call__(self, messages):  # type: ignore[no-untyped-def]
+                if stop.last_decision is not None:
+                    seen.append(stop.last_decision.degraded)
+                    if len(seen) == kill_after:
+                        srv.kill()
+                return await super().__call__(messages)
+
+        team = make_team(srv.url, stop | KillAfter(100))
+        result = asyncio.run(team.run(task="go"))
+    finally:
+        srv.stop()
+    assert result.stop_reason is not None and "max_turns" in result.stop_reason
+    assert "degraded" in result.stop_reason
+    assert stop.last_decision is not None and stop.last_decision.degraded and stop.last_decision.turn == 4
+    assert seen[:kill_after] == [False, False]

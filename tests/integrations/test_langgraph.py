@@ -1,0 +1,144 @@
+"""StopServeRouter in a real LangGraph ReAct graph, driven by a fake chat model, against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from servers import LiveServer
+
+pytest.importorskip("langgraph")
+
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode
+
+from stopserve.integrations._common import RunClock
+from stopserve.integrations.langgraph import StopServeRouter, events_from_messages
+from stopserve.trace import read_traces
+
+
+@tool
+def run_tests(path: str) -> str:
+    """Run the test suite at path."""
+    return "1 failed"
+
+
+def scripted(n: int) -> FakeMessagesListChatModel:
+    replies = [
+        AIMessage(
+            content="",
+            tool_calls=[{"name": "run_tests", "args": {"path": f"t{i}"}, "id": f"call{i}"}],
+            usage_metadata={"input_tokens": 100, "output_tokens": 20, "total_tokens": 120},
+        )
+        for i in range(n)
+    ]
+    replies.append(AIMessage(content="done"))
+    return FakeMessagesListChatModel(responses=replies)
+
+
+def build(router: StopServeRouter, n: int = 20, with_stop_node: bool = False) -> Any:
+    model = scripted(n)
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([run_tests]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", router)
+    builder.add_edge("tools", "agent")
+    if with_stop_node:
+        builder.add_node("stopserve", router.stop_node)
+        builder.add_edge("stopserve", END)
+    return builder.compile()
+
+
+def test_message_mapping() -> None:
+    messages = [
+        HumanMessage(content="fix it", id="h"),
+        AIMessage(
+            content="",
+            id="a",
+            tool_calls=[
+                {"name": "ls", "args": {}, "id": "c1"},
+                {"name": "cat", "args": {"f": "x"}, "id": "c2"},
+            ],
+            usage_metadata={"input_tokens": 5, "output_tokens": 2, "total_tokens": 7},
+        ),
+        ToolMessage(content="a.py", tool_call_id="c1", name="ls", id="t1"),
+        ToolMessage(content="no such file", tool_call_id="c2", name="cat", id="t2", status="error"),
+    ]
+    seen: set[str] = set()
+    events = events_from_messages(messages, RunClock(), seen)
+    assert [e.type for e in events] == ["communicate", "tool_use", "tool_use", "return", "return"]
+    assert events[0].role == "human"
+    assert [e.tokens for e in events[1:3]] == [7, None]
+    assert [e.tool for e in events[1:]] == ["ls", "cat", "ls", "cat"]
+    assert [e.error for e in events[3:]] == [False, True]
+    assert events_from_messages(messages, RunClock(), seen) == []  # only new messages are mapped
+
+
+def test_graph_ends_when_the_service_says_stop(server: LiveServer) -> None:
+    router = StopServeRouter(server.url, safety={"max_turns": 2}, timeout=2.0, on_stop="stopserve")
+    graph = build(router, with_stop_node=True)
+    config = {"configurable": {"thread_id": "lg-1"}, "recursion_limit": 2 * 2 + 5}
+    state = graph.invoke({"messages": [HumanMessage(content="fix the failing test")]}, config)
+    last = state["messages"][-1]
+    assert isinstance(last, AIMessage) and last.name == "stopserve"
+    assert last.content.startswith("stopserve: stop (budget_exhausted), safety net max_turns")
+    assert last.response_metadata["stopserve"]["turn"] == 2
+    assert sum(isinstance(m, ToolMessage) for m in state["messages"]) == 2
+    out = router.outcome({"team": 1.0}, config=config)
+    assert out is not None
+    trace = next(t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == "langgraph-lg-1")
+    assert [e.type for e in trace.events].count("return") == 2
+    assert trace.stop is not None and trace.stop.reason == "budget_exhausted"
+    assert sum(e.tokens or 0 for e in trace.events) == 3 * 120
+
+
+def test_router_defers_to_tools_condition_when_continuing(server: LiveServer) -> None:
+    router = StopServeRouter(server.url, safety={"max_turns": 50}, timeout=2.0)
+    graph = build(router, n=3)
+    state = graph.invoke({"messages": [HumanMessage(content="go")]})  # no thread id: first message id
+    assert state["messages"][-1].content == "done"  # the model's own answer ended the run
+    decision = router.decision(state)
+    assert decision is not None and decision.action == "continue" and decision.turn == 3
+
+
+def test_async_graph(server: LiveServer) -> None:
+    router = StopServeRouter(server.url, safety={"max_turns": 1}, timeout=2.0)
+    graph = build(router)
+    config = {"configurable": {"thread_id": "lg-async"}}
+    state = asyncio.run(graph.ainvoke({"messages": [HumanMessage(content="go")]}, config))
+    assert sum(isinstance(m, ToolMessage) for m in state["messages"]) == 1
+    d = router.decision(config=config)
+    assert d is not None and d.action == "stop" and d.safety_net == "max_turns"
+
+
+@pytest.mark.timeout(60)
+def test_server_killed_mid_run(tmp_path: Path) -> None:
+    """Kill -9 the sidecar mid-run: the graph neither hangs nor crashes; decisions turn degraded."""
+    srv = LiveServer(log_dir=tmp_path, no_model=True).start()
+    try:
+        router = StopServeRouter(srv.url, safety={"max_turns": 4}, timeout=0.2, on_stop="stopserve")
+        graph = build(router, with_stop_node=True)
+        config = {"configurable": {"thread_id": "lg-kill"}, "recursion_limit": 40}
+        degraded: list[bool] = []
+        for chunk in graph.stream({"messages": [HumanMessage(content="go")]}, config, stream_mode="updates"):
+            d = router.decision(config=config)
+            if "agent" in chunk and d is not None:
+                degraded.append(d.degraded)
+            if "tools" in chunk and len(degraded) == 2:
+                srv.kill()
+            final = chunk
+    finally:
+        srv.stop()
+    message = final["stopserve"]["messages"][-1]
+    assert "max_turns" in message.content and "degraded" in message.content
+    assert message.response_metadata["stopserve"]["degraded"] is True

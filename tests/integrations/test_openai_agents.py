@@ -1,0 +1,130 @@
+"""StopServeHooks in a real OpenAI Agents SDK run, driven by a scripted Model, against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from servers import LiveServer
+
+pytest.importorskip("agents")
+
+from agents import Agent, ModelResponse, RunConfig, Runner, Usage, function_tool
+from agents.exceptions import MaxTurnsExceeded
+from agents.models.interface import Model
+from agents.testing import assistant_message, function_call
+
+from stopserve.integrations.openai_agents import StopServeHooks
+from stopserve.trace import read_traces
+
+
+class ScriptedModel(Model):
+    """A model that calls ``run_tests`` ``n`` times, then answers in text."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.calls = 0
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        self.calls += 1
+        if self.calls <= self.n:
+            item = function_call("run_tests", {"path": f"t{self.calls}"}, call_id=f"call{self.calls}")
+        else:
+            item = assistant_message("the fix is done")
+        usage = Usage(requests=1, input_tokens=100, output_tokens=20, total_tokens=120)
+        return ModelResponse(output=[item], usage=usage, response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise NotImplementedError("not streamed in these tests")
+
+
+@function_tool
+def run_tests(path: str) -> str:
+    """Run the test suite at path."""
+    return f"{path}: 1 failed"
+
+
+def make_agent(model: Model) -> Agent[Any]:
+    return Agent(name="coder", instructions="fix the bug", tools=[run_tests], model=model)
+
+
+RUN_CONFIG = RunConfig(tracing_disabled=True)
+
+
+def test_run_ends_cleanly_with_final_output_on_stop(server: LiveServer) -> None:
+    hooks = StopServeHooks(server.url, safety={"max_turns": 2}, timeout=2.0, task_id="fix-bug")
+    model = ScriptedModel(n=20)
+    agent = hooks.attach(make_agent(model))
+
+    async def main() -> Any:
+        result = await Runner.run(agent, "fix it", hooks=hooks, max_turns=30, run_config=RUN_CONFIG)
+        out = await hooks.outcome({"team": 1.0})
+        return result, out
+
+    result, out = asyncio.run(main())
+    assert result.final_output.startswith("stopserve: stop (budget_exhausted), safety net max_turns")
+    assert result.final_output.endswith("t2: 1 failed")  # the best answer so far goes with it
+    assert model.calls == 2  # no model call after the stop
+    assert hooks.stop_decision is not None and hooks.stop_decision.turn == 2
+    assert out is not None
+    trace = next(t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == hooks.last_run_id)
+    assert trace.task_id == "fix-bug"
+    assert [e.type for e in trace.events] == ["tool_use", "return", "tool_use", "return"]
+    assert trace.stop is not None and trace.stop.reason == "budget_exhausted"
+    assert sum(e.tokens or 0 for e in trace.events) == 240
+
+
+def test_attach_keeps_the_agents_own_behaviour_when_continuing(server: LiveServer) -> None:
+    hooks = StopServeHooks(server.url, safety={"max_turns": 50}, timeout=2.0)
+    agent = hooks.attach(make_agent(ScriptedModel(n=2)))
+    result = asyncio.run(Runner.run(agent, "fix it", hooks=hooks, run_config=RUN_CONFIG))
+    assert result.final_output == "the fix is done"
+    assert hooks.stop_decision is None and hooks.run_id is None  # run over: the next one gets a new id
+
+    stop_first = hooks.attach(make_agent(ScriptedModel(n=5)).clone(tool_use_behavior="stop_on_first_tool"))
+    result = asyncio.run(Runner.run(stop_first, "fix it", hooks=hooks, run_config=RUN_CONFIG))
+    assert result.final_output == "t1: 1 failed"
+
+
+def test_typed_final_output(server: LiveServer) -> None:
+    hooks = StopServeHooks(
+        server.url,
+        safety={"max_turns": 1},
+        timeout=2.0,
+        final_output=lambda decision, results: f"{decision.reason}|{len(results)}",
+    )
+    agent = hooks.attach(make_agent(ScriptedModel(n=5)))
+    result = asyncio.run(Runner.run(agent, "x", hooks=hooks, run_config=RUN_CONFIG))
+    assert result.final_output == "budget_exhausted|1"
+
+
+def test_without_stopserve_the_sdk_raises_max_turns(server: LiveServer) -> None:
+    # what the clean stop replaces: the SDK's own cap is an exception
+    with pytest.raises(MaxTurnsExceeded):
+        asyncio.run(Runner.run(make_agent(ScriptedModel(n=20)), "x", max_turns=3, run_config=RUN_CONFIG))
+
+
+@pytest.mark.timeout(60)
+def test_server_killed_mid_run(tmp_path: Path) -> None:
+    """Kill -9 the sidecar mid-run: the run neither hangs nor crashes; decisions turn degraded."""
+    srv = LiveServer(log_dir=tmp_path, no_model=True).start()
+    try:
+        hooks = StopServeHooks(srv.url, safety={"max_turns": 4}, timeout=0.2)
+
+        @function_tool
+        def run_tests(path: str) -> str:
+            """Run the test suite at path."""
+            if path == "t2":
+                srv.kill()  # the sidecar dies in the middle of the run
+            return f"{path}: 1 failed"
+
+        agent = hooks.attach(Agent(name="coder", tools=[run_tests], model=ScriptedModel(n=20)))
+        result = asyncio.run(Runner.run(agent, "x", hooks=hooks, max_turns=30, run_config=RUN_CONFIG))
+    finally:
+        srv.stop()
+    assert "max_turns" in result.final_output and "degraded" in result.final_output
+    assert hooks.stop_decision is not None and hooks.stop_decision.degraded
+    assert hooks.stop_decision.turn == 4

@@ -223,7 +223,7 @@ def evaluate(
             notes.append(
                 "traces carry metrics.optimal_value but at another lambda or cost unit "
                 f"(optimal_lambda {np.unique(dp.optimal_lambda)[:3].tolist()}, unit ktokens): "
-                "'optimal' not reported"
+                "'optimal' not reported (evaluate simulator traces with --cost-unit ktokens at their lambda)"
             )
     elif np.isfinite(dp.optimal_value).any():
         notes.append("only some traces carry metrics.optimal_value: 'optimal' not reported")
@@ -334,18 +334,23 @@ def _fmt(x: Any) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+def _width(figure: str) -> int:
+    return max(14, len(figure) + 2)
+
+
 def _table(report: dict[str, Any]) -> str:
+    figures = _FIGURES + (("gap_closed_optimal",) if "optimal" in report["policies"] else ())
     lines = [
         f"lambda {report['lambda']:g} per {report['cost_unit']}, {report['n_traces']} traces, "
         f"{report['n_decision_points']} decision points, {report['n_groups']} groups "
         f"({'exact' if report['exact'] else 'not exact'}); heuristics {report['heuristic_tuning']}",
-        f"{'policy':<18}" + "".join(f"{f:>14}" for f in _FIGURES) + "   value 95% CI",
+        f"{'policy':<20}" + "".join(f"{f:>{_width(f)}}" for f in figures) + "   value 95% CI",
     ]
     for name, p in report["policies"].items():
         label = f"learned ({p['kind']})" if name == "learned" else name
         ci = p["ci95"]["value"]
         ci_text = f"   [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else ""
-        lines.append(f"{label:<18}" + "".join(f"{_fmt(p[f]):>14}" for f in _FIGURES) + ci_text)
+        lines.append(f"{label:<20}" + "".join(f"{_fmt(p.get(f)):>{_width(f)}}" for f in figures) + ci_text)
     lines.append(f"best heuristic: {report['best_heuristic']}")
     lines.extend(f"note: {n}" for n in report["notes"])
     return "\n".join(lines)

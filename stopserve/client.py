@@ -473,10 +473,11 @@ class StopClient:
     """Synchronous client; decides locally (``degraded=True``) when the service cannot answer.
 
     ``timeout`` bounds each HTTP phase of one decide call (seconds; ``outcome_timeout`` for
-    the outcome, which writes the whole trace); ``retries`` extra attempts
-    are made at once for transient failures; after a failure the service is skipped for
-    ``cooldown`` seconds. ``budget``, ``lam`` and ``safety`` are defaults for every run
-    (``safety`` also overrides the server's safety nets, so both sides apply the same).
+    the outcome, which writes the whole trace). ``retries`` extra attempts are made at once
+    after quick failures (refused connection, 5xx), never after a timeout. After a failure
+    the service is skipped for ``cooldown`` seconds. ``budget``, ``lam`` and ``safety`` are
+    defaults for every run (``safety`` also overrides the server's safety nets, so both sides
+    apply the same).
     A 4xx answer (the caller's mistake) raises a :class:`~stopserve.errors.StopServeError`,
     unless ``raise_on_client_error=False``: then it is logged and decided locally.
 
@@ -562,6 +563,10 @@ class StopClient:
                     self._core.mark_up()
                     return None
                 data = self._core.check(response, what)
+            except httpx.TimeoutException as exc:
+                # slow, not gone: a retry would double the wait the timeout promised to bound
+                error = str(exc) or "timed out"
+                break
             except (httpx.TransportError, _UnavailableError) as exc:
                 error = str(exc) or type(exc).__name__
                 continue
@@ -764,6 +769,10 @@ class AsyncStopClient:
                     self._core.mark_up()
                     return None
                 data = self._core.check(response, what)
+            except httpx.TimeoutException as exc:
+                # slow, not gone: a retry would double the wait the timeout promised to bound
+                error = str(exc) or "timed out"
+                break
             except (httpx.TransportError, _UnavailableError) as exc:
                 error = str(exc) or type(exc).__name__
                 continue

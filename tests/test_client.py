@@ -197,7 +197,7 @@ def test_server_killed_mid_run_then_back(tmp_path: Path) -> None:
     srv = LiveServer(log_dir=tmp_path / "a", no_model=True).start()
     port = srv.port
     try:
-        with StopClient(srv.url, timeout=0.5, cooldown=0.0, safety={"max_turns": 8}) as client:
+        with StopClient(srv.url, timeout=2.0, cooldown=0.0, safety={"max_turns": 8}) as client:
             ok = [client.decide("c-kill", step(rec, i)) for i in range(2)]
             srv.kill()
             down = [client.decide("c-kill", step(rec, i)) for i in range(2, 4)]

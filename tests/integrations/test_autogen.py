@@ -146,7 +146,7 @@ def test_server_killed_mid_run_team_finishes_on_local_nets(tmp_path: Path) -> No
     """Kill -9 the sidecar mid-run: the team neither hangs nor crashes; decisions turn degraded."""
     srv = LiveServer(log_dir=tmp_path, no_model=True).start()
     try:
-        stop = StopServeTermination(srv.url, safety={"max_turns": 4}, timeout=0.2)
+        stop = StopServeTermination(srv.url, safety={"max_turns": 4}, timeout=2.0)
         kill_after = 2
         seen: list[bool] = []
 

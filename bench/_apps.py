@@ -1,0 +1,106 @@
+"""ASGI apps the serving benchmark starts, all the same way (``uvicorn --factory``).
+
+- ``stopserve_app``: the real service, ``create_app(Settings(...))``, configured from
+  ``BENCH_*`` variables (model, decision log on/off, fsync policy).
+- ``bare_app``: a bare FastAPI endpoint on the same path accepting the same JSON body
+  and answering a decide-shaped constant: the framework's floor.
+- ``static_app``: a raw ASGI responder with a constant body: the ceiling of uvicorn on
+  this machine, which shows how far the load generator is from being the bottleneck.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+DECISION: dict[str, Any] = {
+    "run_id": "run",
+    "action": "continue",
+    "reason": None,
+    "v_stop": -0.12,
+    "q_continue": 0.71,
+    "q_stop": 0.59,
+    "cost_to_go": 0.04,
+    "turn": 7,
+    "safety_net": None,
+    "limit": None,
+    "pattern": None,
+    "finalize": False,
+    "model_version": "bench",
+    "propensity": 1.0,
+    "degraded": False,
+    "events_accepted": 2,
+    "events_ignored": 0,
+}
+
+
+def stopserve_app() -> Any:
+    """The service as configured by BENCH_MODEL_DIR, BENCH_LOG_DIR ('' = off), BENCH_FSYNC."""
+    from stopserve.service.app import create_app
+    from stopserve.settings import Settings
+
+    model = os.environ.get("BENCH_MODEL_DIR", "")
+    log_dir = os.environ.get("BENCH_LOG_DIR", "")
+    settings = Settings(
+        model_dir=Path(model) if model else None,
+        no_model=not model,
+        log_dir=Path(log_dir) if log_dir else None,
+        fsync=os.environ.get("BENCH_FSYNC", "interval"),
+        log_level="warning",
+    )
+    return create_app(settings)
+
+
+def bare_app() -> Any:
+    """FastAPI, one route, same path and body, a constant decide-shaped answer."""
+    from fastapi import Body, FastAPI
+
+    app = FastAPI()
+
+    @app.post("/v1/runs/{run_id}/decide")
+    async def decide(run_id: str, body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
+        return {**DECISION, "run_id": run_id, "events_accepted": len(body.get("events", ()))}
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+_STATIC_BODY = b'{"action":"continue","finalize":false}'
+
+
+def static_app() -> Any:
+    """Raw ASGI: drain the request, answer a constant. No framework."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        more = True
+        while more:
+            msg = await receive()
+            more = bool(msg.get("more_body"))
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": _STATIC_BODY})
+
+    return app

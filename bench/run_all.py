@@ -1,0 +1,169 @@
+"""Run every benchmark and write bench/RESULTS.md from scratch.
+
+    python bench/run_all.py            # the full suite (about 20 minutes on 2 cores)
+    python bench/run_all.py --quick    # smaller inputs, shorter runs (a few minutes)
+
+Each section runs in its own process, one after another (never in parallel: the
+figures would disturb each other), with a timeout; a section whose part is missing
+says "not available yet: <module>", and one that fails is reported with its error,
+so the file is always written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import BENCH, ROOT, command_line, machine
+
+#: (script, timeout in seconds for the full size); quick and tiny sizes get less.
+SECTIONS: list[tuple[str, int]] = [
+    ("bench_featurize.py", 600),
+    ("bench_decide.py", 900),
+    ("bench_train.py", 1800),
+    ("bench_quality.py", 1800),
+    ("bench_simulate.py", 600),
+    ("bench_serve.py", 900),
+]
+
+
+def git_head() -> str:
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+        return proc.stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "stopserve", "training", "bench")
+    return f"{head}{' (plus uncommitted changes)' if dirty else ''}"
+
+
+def run_section(script: str, size: str, workdir: Path, timeout: float) -> dict[str, Any]:
+    """Run one benchmark script; its JSON section, or a section saying what went wrong."""
+    path = BENCH / script
+    name = script.removesuffix(".py")
+    if not path.exists():
+        return _stub(name, f"not available yet: bench/{script}")
+    out = workdir / f"{name}.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, str(path), "--size", size, "--out", str(out), "--workdir", str(workdir)]
+    log = workdir / f"{name}.log"
+    t0 = time.monotonic()
+    try:
+        with log.open("w") as fh:
+            proc = subprocess.run(
+                cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=fh, timeout=timeout, check=False
+            )
+        rc: int | str = proc.returncode
+    except subprocess.TimeoutExpired:
+        rc = f"timeout after {timeout:.0f}s"
+    took = time.monotonic() - t0
+    if rc == 0 and out.exists():
+        doc: dict[str, Any] = json.loads(out.read_text())
+        doc["seconds"] = took
+        return doc
+    tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-15:])
+    return _stub(name, f"{script} failed ({rc})", command_line(cmd), tail, took)
+
+
+def _stub(name: str, why: str, command: str = "", tail: str = "", took: float = 0.0) -> dict[str, Any]:
+    md = [f"## {name}", "", f"- {why}"]
+    if command:
+        md += ["", f"Command: `{command}`"]
+    if tail:
+        md += ["", "```", tail, "```"]
+    return {"title": name, "command": command, "markdown": "\n".join(md) + "\n", "data": {},
+            "missing": [why], "targets": [], "seconds": took}  # fmt: skip
+
+
+def render(docs: list[dict[str, Any]], argv: list[str], started: dt.datetime, facts: dict[str, Any]) -> str:
+    took = sum(d.get("seconds", 0.0) for d in docs)
+    lines = [
+        "# stopserve benchmark results",
+        "",
+        "Every figure below was produced by one command on this machine, in one run; nothing is "
+        "edited by hand. The machine is shared (2 cores, other work running), so absolute figures are "
+        "noisy: each section compares against a baseline measured in the same run, and the ratios are "
+        "the figures to read.",
+        "",
+        f"- Command: `{command_line(argv)}`",
+        f"- Date: {started.strftime('%Y-%m-%d %H:%M UTC')}; took {took / 60:.1f} min",
+        f"- Machine: {facts['cpus']} cores, Python {facts['python']}, {facts['platform']}",
+        f"- Load average (1 min) at start: {facts['load_1min']}, at end: {machine()['load_1min']}",
+        f"- Code: git {git_head()}",
+        "",
+        "## Targets",
+        "",
+        "| section | target | measured | goal | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for d in docs:
+        for t in d.get("targets", []):
+            verdict = {True: "met", False: "**MISSED**", None: "not judged"}[t["met"]]
+            lines.append(f"| {d['title']} | {t['name']} | {t['measured']} | {t['goal']} | {verdict} |")
+    missing = [(d["title"], m) for d in docs for m in d.get("missing", [])]
+    if missing:
+        lines += ["", "Not measured in this run:", ""]
+        lines += [f"- {title}: {m}" for title, m in missing]
+    notes = BENCH / "NOTES.md"
+    lines.append("")
+    for d in docs:
+        lines += [d["markdown"].rstrip(), ""]
+    if notes.exists():
+        lines += [
+            "## Reading the misses (written by hand from the profiles above)",
+            "",
+            notes.read_text().strip(),
+            "",
+        ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smaller inputs and shorter runs")
+    p.add_argument("--size", choices=("tiny", "quick", "full"), help=argparse.SUPPRESS)
+    p.add_argument("--only", nargs="+", metavar="NAME", help="run only these sections (e.g. serve decide)")
+    p.add_argument("--output", type=Path, default=BENCH / "RESULTS.md")
+    p.add_argument("--workdir", type=Path, help="scratch folder (default: a temporary one, removed after)")
+    args = p.parse_args(argv)
+    size = args.size or ("quick" if args.quick else "full")
+    scale = {"tiny": 0.2, "quick": 0.5, "full": 1.0}[size]
+    started = dt.datetime.now(dt.UTC)
+    facts = machine()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="stopserve-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    chosen = SECTIONS
+    if args.only:
+        wanted = {n.removeprefix("bench_").removesuffix(".py") for n in args.only}
+        chosen = [s for s in SECTIONS if s[0].removeprefix("bench_").removesuffix(".py") in wanted]
+        if not chosen:
+            p.error(f"--only: no section named {', '.join(sorted(wanted))}")
+    docs = []
+    try:
+        for script, timeout in chosen:
+            print(f"== {script} ({size})", file=sys.stderr, flush=True)
+            t0 = time.monotonic()
+            doc = run_section(script, size, workdir, timeout * scale + 60)
+            print(
+                f"   {time.monotonic() - t0:.0f}s; missing: {doc.get('missing') or 'nothing'}",
+                file=sys.stderr,
+            )
+            docs.append(doc)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    args.output.write_text(render(docs, [str(Path(__file__)), *(argv or sys.argv[1:])], started, facts))
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -331,12 +331,14 @@ def build_decision_points(
                 proposed = ev.type == "stop" and bool(ev.proposed)
                 cols.rule_stops.extend(bool(rule(state, proposed)) for rule in stop_rules)
         # the logged end: every event folded
+        # the spec's order: grade, then (when rewards are grades) the reward, then the outcome
+        from_reward = labels_from_rewards and reward_label is not None
         if grade is not None:
             q_end = grade
+        elif from_reward and reward_label is not None:
+            q_end = reward_label
         elif team is not None:
             q_end = team
-        elif labels_from_rewards and reward_label is not None:
-            q_end = reward_label
         else:
             hint = " or a reward on channel 'quality'" if labels_from_rewards else ""
             raise TrainingError(
@@ -345,7 +347,7 @@ def build_decision_points(
             )
         last = len(cols.q) - 1
         cols.is_last[last] = 1
-        if grade is None:
+        if grade is None and not from_reward:
             # spec: the last decision point is the run's own stop, where the final outcome holds
             cols.q[last] = q_end
         offsets.append(len(cols.q))

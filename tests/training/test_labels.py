@@ -45,6 +45,10 @@ def test_labels_from_rewards_read_the_quality_channel() -> None:
     assert np.isnan(dp.latest_reward[0]) and dp.latest_reward[-1] == 0.9
     with pytest.raises(TrainingError, match="'r' has no outcome"):
         build_decision_points([trace])
+    # the spec's order: a reward read as a grade comes before the final outcome
+    with_team = step_trace("r", "t", 3, rewards=[0.3, 0.6, 0.9], team=1.0)
+    assert build_decision_points([with_team], labels_from_rewards=True).q[-1] == 0.9
+    assert build_decision_points([with_team]).q.tolist() == [0.0] * 5 + [1.0]
 
 
 def test_cost_unit_falls_back_to_ktokens_and_can_be_overridden() -> None:

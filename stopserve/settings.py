@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     log_max_bytes: int = Field(default=256 * 1024 * 1024, ge=4096, description="Rotate log files above this.")
     max_runs: int = Field(default=10_000, ge=1, description="Live runs kept; the least recently used go.")
     run_ttl_s: float = Field(default=3600.0, gt=0, description="Idle runs expire after this many seconds.")
-    max_events_per_run: int = Field(default=20_000, ge=1)
+    max_events_per_run: int = Field(default=5_000, ge=1)
     max_events_per_request: int = Field(default=2_000, ge=1)
     max_batch_runs: int = Field(default=512, ge=1)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)

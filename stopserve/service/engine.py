@@ -371,7 +371,8 @@ class Engine:
         for event in new:
             data = event.dump()
             data.pop("decision", None)  # the service writes its own decisions
-            run.events.append(orjson.dumps(data))
+            # a str copy: orjson's bytes keep a 4 KiB buffer each (measured), a str is compact
+            run.events.append(orjson.dumps(data).decode())
             run.event_ids.add(event.id)
             run.last_t = event.t
         return new, len(events) - len(new)

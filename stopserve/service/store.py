@@ -7,7 +7,7 @@ sit at the front). A shared store (Redis) can implement the same interface to
 serve several replicas.
 
 Memory per run is its :class:`~stopserve.features.RunState` (bounded) plus the
-events kept for the trace log (compact JSON bytes, bounded by
+events kept for the trace log (compact JSON text, bounded by
 ``max_events_per_run``); ``docs/service.md`` has measured numbers.
 """
 
@@ -42,7 +42,7 @@ class Run:
     budget: Budget | None = None
     lam: float | None = None
     safety: Any = None  # SafetyConfig for this run, if the caller gave one
-    events: list[bytes] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # compact JSON of each event
     event_ids: set[str] = field(default_factory=set)
     decisions: dict[int, dict[str, Any]] = field(default_factory=dict)
     last_t: float = 0.0

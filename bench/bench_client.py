@@ -96,7 +96,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 client.decide(f"bench-silent-{k}", rec.drain())
                 silent.append((time.perf_counter() - t0) * 1000)
-        rows.append(row("silent server, timeout 200 ms, 1 retry", silent))
+        rows.append(row("silent server, timeout 200 ms (no retry after a timeout)", silent))
 
     print("| case | calls | median ms | p99 ms | max ms |")
     print("|---|---|---|---|---|")

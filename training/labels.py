@@ -162,13 +162,17 @@ def _event_costed(tokens: int | None, usd: float | None) -> bool:
     return tokens is not None or usd is not None
 
 
-def resolve_cost_unit(traces: Iterable[Trace]) -> str:
-    """``"usd"`` when every costed event carries ``usd``, else ``"ktokens"``.
+def resolve_cost_unit(traces: Iterable[Trace], override: str | None = None) -> str:
+    """``"usd"`` when every costed event carries ``usd``, else ``"ktokens"``; ``override`` wins.
 
     A *costed* event is one that carries ``tokens`` or ``usd``; events that cost
     nothing (a reward, a stop) are not counted as missing money. With no costed
     event at all the unit is ``"ktokens"`` (every cost is then 0).
     """
+    if override is not None:
+        if override not in COST_UNITS:
+            raise TrainingError(f"cost unit {override!r} is not one of {', '.join(COST_UNITS)}")
+        return override
     any_usd = False
     for trace in traces:
         for ev in trace.events:

@@ -55,6 +55,9 @@ def test_cost_unit_falls_back_to_ktokens_and_can_be_overridden() -> None:
     traces = [step_trace("a", "t1", 2), step_trace("b", "t2", 2, usd=None, tokens=1500)]
     assert resolve_cost_unit(traces) == "ktokens"
     assert resolve_cost_unit(traces[:1]) == "usd"
+    assert resolve_cost_unit(traces, override="seconds") == "seconds"
+    with pytest.raises(TrainingError, match="'eur'"):
+        resolve_cost_unit(traces, override="eur")
     dp = build_decision_points(traces)
     assert dp.cost_unit == "ktokens"
     np.testing.assert_allclose(dp.c, [1.0, 2.0, 1.5, 3.0])

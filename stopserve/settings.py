@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stopserve.errors import ConfigError, Issue
@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     )
     cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins; empty: off.")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @field_validator("log_dir", "model_dir", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # STOPSERVE_LOG_DIR= (empty) means "no log", not the current folder
+        return None if isinstance(value, str) and not value.strip() else value
 
     def resolved_model_dir(self) -> Path | None:
         """The model directory to load: the configured one, else the shipped default, else None."""

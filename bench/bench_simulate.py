@@ -1,0 +1,86 @@
+"""Simulator speed: traces/s of ``stopserve simulate`` (generate + write JSON Lines).
+
+Target (issue 7): 100,000 traces in under a minute on this machine. Wall time is
+what the target is about; CPU time is printed too because the machine is shared.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+
+from _common import Section, Target, load, machine, parser, profile_text
+
+TARGET_SECONDS = 60.0
+TARGET_TRACES = 100_000
+
+
+def _write(sim: ModuleType, path: Path, n: int, **options: object) -> tuple[float, float, int]:
+    """Generate and write ``n`` traces; (wall s, CPU s, bytes written)."""
+    from stopserve.trace import TraceWriter
+
+    wall, cpu = time.perf_counter(), time.process_time()
+    with TraceWriter(path) as writer:
+        for trace in sim.simulate(n, seed=1, **options):
+            writer.write(trace, validate=False)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return wall, cpu, path.stat().st_size
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser(__doc__ or "").parse_args(argv)
+    sec = Section("Simulator: traces per second", sys.argv)
+    sim = load("training.simulate", "simulate")
+    if isinstance(sim, str):
+        sec.skip(sim)
+        sec.emit(args.out)
+        return 0
+    n = {"tiny": 1_000, "quick": 20_000, "full": TARGET_TRACES}[args.size]
+    cases: list[tuple[str, dict[str, object]]] = [
+        ("default (behavior-logged)", {}),
+        ("--optimal --lambda 0.1", {"optimal_lambda": 0.1}),
+        ("--run-to-cap --optimal --lambda 0.1", {"optimal_lambda": 0.1, "run_to_cap": True}),
+    ]
+    rows = []
+    default_wall = float("nan")
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        for label, options in cases:
+            count = n if not options else max(1, n // 5)
+            wall, cpu, size = _write(sim, Path(tmp) / "sim.jsonl", count, **options)
+            rows.append([label, count, wall, cpu, count / wall, size / count])
+            sec.data[label] = {"traces": count, "wall_s": wall, "cpu_s": cpu, "bytes": size}
+            print(f"{label}: {count} traces in {wall:.1f}s wall, {cpu:.1f}s CPU", file=sys.stderr)
+            if not options:
+                default_wall = wall * TARGET_TRACES / count
+    sec.data["machine"] = machine()
+    sec.add(
+        "One process, one core. Generate with `training.simulate.simulate` and write with "
+        "`TraceWriter` to a temporary `.jsonl` (what `stopserve simulate -o OUT.jsonl` does). "
+        f"Load average at the end: {sec.data['machine']['load_1min']} on {sec.data['machine']['cpus']} CPUs.",
+        "",
+    )
+    sec.table(["mode", "traces", "wall s", "CPU s", "traces/s (wall)", "bytes/trace"], rows)
+    scaled = "" if n == TARGET_TRACES else f" (scaled from {n:,})"
+    sec.targets.append(
+        Target(
+            f"{TARGET_TRACES:,} traces, default mode",
+            f"{default_wall:.1f} s{scaled}",
+            f"< {TARGET_SECONDS:.0f} s",
+            default_wall < TARGET_SECONDS if n == TARGET_TRACES else None,
+        )
+    )
+    if args.size != "tiny":
+        prof = profile_text(lambda: sum(1 for _ in sim.simulate(2000, seed=2)))
+        sec.add(
+            "<details><summary>profile of generation (pyinstrument)</summary>", "", "```", prof, "```", ""
+        )
+        sec.add("</details>", "")
+    sec.emit(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,898 @@
+"""A simulator of orchestrated multi-agent runs with a known optimal stop rule.
+
+Generates format-v1 traces for six topologies and, for a cost weight ``lam``
+(per thousand tokens), the Bayes-optimal stop rule over an observable state by
+exact dynamic programming. ``docs/simulator.md`` describes the generative model,
+the state, the recursion and the failure modes.
+
+>>> traces = list(simulate(6, seed=1, optimal_lambda=0.1))
+>>> sorted({t["topology"] for t in traces}) == sorted(SIM_TOPOLOGIES)
+True
+>>> all("optimal_value" in t["metrics"] for t in traces)
+True
+
+In short: a run is a sequence of rounds. Each round the orchestrator delegates
+work, sub-agents call tools and return, the orchestrator ``aggregate`` s an
+answer and a verifier posts a ``reward``. The answer's quality level ``mu``
+(0..L) is a Markov chain: +1 level with a probability that shrinks as quality
+grows (diminishing returns), -1 level now and then (regressions), never above a
+per-task ceiling ``C`` (latent, set by the task's difficulty). A run may get
+stuck in a loop (same content refs and errors each round, no progress). The
+verifier reports ``mu / L``; the offline ``grade`` is that plus a zero-mean
+answer-specific deviation of standard deviation ``noise`` (a Berkson error: the
+verifier is the best estimate a run can make, the truth scatters around it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import math
+import random
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from stopserve.errors import ConfigError
+from stopserve.trace import TraceWriter
+
+__all__ = [
+    "BEHAVIORS",
+    "DEFAULT_NOISE",
+    "SIM_TOPOLOGIES",
+    "Group",
+    "OptimalRule",
+    "Spec",
+    "TopologyModel",
+    "model_for",
+    "simulate",
+    "simulate_command",
+    "solve",
+]
+
+FloatArray = npt.NDArray[np.float64]
+
+#: The six simulated topologies (format-v1 names), in task order.
+SIM_TOPOLOGIES: Final[tuple[str, ...]] = (
+    "centralized",
+    "planner_executor_critic",
+    "debate",
+    "swarm",
+    "hierarchical",
+    "harness",
+)
+#: Behavior (logging) policies; ``metrics.behavior_policy`` holds the index.
+BEHAVIORS: Final[tuple[str, ...]] = ("turn_cap", "verifier_threshold", "orchestrator")
+#: Default standard deviation of the grade around the verifier's score.
+DEFAULT_NOISE: Final = 0.1
+SYSTEM: Final = "stopserve-sim"
+#: The command validates the first trace and every this-many-th one (the tests validate all).
+VALIDATE_EVERY: Final = 1000
+_ORCH: Final = "orchestrator"
+_VERIFIER: Final = "verifier"
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One event slot of a round: its type, who acts, and its token range (inclusive)."""
+
+    type: str
+    agent: str
+    to: str | None = None
+    tool: str | None = None
+    lo: int = 10
+    hi: int = 40
+    p_error: float = 0.0
+
+    @property
+    def mean_tokens(self) -> float:
+        """Expected tokens (uniform integer draw on ``lo..hi``)."""
+        return (self.lo + self.hi) / 2.0
+
+
+@dataclass(frozen=True)
+class Group:
+    """Event slots present together with probability ``p`` (one draw per round)."""
+
+    p: float
+    events: tuple[Spec, ...]
+
+
+@dataclass(frozen=True)
+class TopologyModel:
+    """Dynamics and costs of one topology; everything the DP needs is here.
+
+    ``p_up[mu]`` is the chance a working round lifts quality one level (when
+    below the ceiling), ``p_down`` the chance it drops one level (when above 0).
+    ``init[j]`` is the chance the first answer has level ``j``; ``difficulty``
+    the chance of each task difficulty ``d``, whose ceiling is
+    ``clip(levels - d - ceiling_offset, max initial level, levels)``.
+    """
+
+    name: str
+    workers: tuple[str, ...]
+    round: tuple[Group, ...]
+    stuck_round: tuple[Spec, ...]
+    aggregate: Spec
+    levels: int = 10
+    rounds: int = 14
+    init: tuple[float, ...] = (0.0, 0.25, 0.35, 0.25, 0.15)
+    difficulty: tuple[float, ...] = (1 / 6,) * 6
+    ceiling_offset: int = 0
+    p_up: tuple[float, ...] = field(default=())
+    p_down: float = 0.06
+    p_stuck: float = 0.06
+    p_stay_stuck: float = 0.75
+    p_propose: float = 0.08
+    p_propose_good: float = 0.6
+    spawn_tokens: tuple[int, int] = (4, 12)
+    usd_per_token: tuple[float, float] = (5e-6, 1e-6)  # orchestrator, others
+
+    def up(self, mu: int) -> float:
+        """Chance a working round lifts level ``mu`` by one (below the ceiling)."""
+        if self.p_up:
+            return self.p_up[mu]
+        return 0.75 * (1.0 - mu / (self.levels + 2))
+
+    def ceiling(self, difficulty: int) -> int:
+        """The quality ceiling (a level) of a task of this difficulty."""
+        floor = len(self.init) - 1
+        return max(floor, min(self.levels, self.levels - difficulty - self.ceiling_offset))
+
+    def ceiling_prior(self) -> FloatArray:
+        """P(C = c) for c = 0..levels, from the difficulty distribution."""
+        prior = np.zeros(self.levels + 1)
+        for d, p in enumerate(self.difficulty):
+            prior[self.ceiling(d)] += p
+        return prior
+
+    def round_tokens(self) -> float:
+        """Expected tokens of a working round (aggregate included, spawns not)."""
+        body = sum(g.p * sum(s.mean_tokens for s in g.events) for g in self.round)
+        return body + self.aggregate.mean_tokens
+
+    def stuck_tokens(self) -> float:
+        """Expected tokens of a stuck round."""
+        return sum(s.mean_tokens for s in self.stuck_round) + self.aggregate.mean_tokens
+
+    def spawn_cost(self) -> float:
+        """Expected tokens of the spawn events that open round 1."""
+        return len(self.workers) * (self.spawn_tokens[0] + self.spawn_tokens[1]) / 2.0
+
+    def first_return_tokens(self) -> float:
+        """Expected tokens up to and including round 1's first ``return`` (always present)."""
+        total = self.spawn_cost()
+        for g in self.round:
+            for s in g.events:
+                total += g.p * s.mean_tokens
+                if s.type == "return":
+                    if g.p < 1.0:
+                        raise ConfigError(f"topology {self.name}: the first return must always be present")
+                    return total
+        raise ConfigError(f"topology {self.name}: a round has no return event")
+
+
+def _w(name: str, n: int) -> tuple[str, ...]:
+    return tuple(f"{name}-{i}" for i in range(1, n + 1))
+
+
+def _worker_block(w: str, tool: str, p_tool: float, lo: int, hi: int) -> tuple[Group, ...]:
+    return (
+        Group(1.0, (Spec("delegate", _ORCH, to=w, lo=4, hi=14),)),
+        Group(p_tool, (Spec("tool_use", w, tool=tool, lo=8, hi=30, p_error=0.12),)),
+        Group(1.0, (Spec("return", w, to=_ORCH, lo=lo, hi=hi),)),
+    )
+
+
+def _build_models() -> dict[str, TopologyModel]:
+    agg = Spec("aggregate", _ORCH, lo=20, hi=60)
+    models = {
+        "centralized": TopologyModel(
+            name="centralized",
+            workers=_w("worker", 3),
+            round=(
+                *_worker_block("worker-1", "search", 0.7, 20, 70),
+                *_worker_block("worker-2", "python", 0.5, 20, 70),
+                Group(
+                    0.5,
+                    (
+                        Spec("delegate", _ORCH, to="worker-3", lo=4, hi=14),
+                        Spec("tool_use", "worker-3", tool="browser", lo=8, hi=30, p_error=0.15),
+                        Spec("return", "worker-3", to=_ORCH, lo=20, hi=70),
+                    ),
+                ),
+            ),
+            stuck_round=(
+                Spec("delegate", _ORCH, to="worker-1", lo=4, hi=14),
+                Spec("tool_use", "worker-1", tool="search", lo=8, hi=30),
+                Spec("return", "worker-1", to=_ORCH, lo=20, hi=70),
+            ),
+            aggregate=agg,
+        ),
+        "planner_executor_critic": TopologyModel(
+            name="planner_executor_critic",
+            workers=("planner", "executor", "critic"),
+            round=(
+                Group(1.0, (Spec("delegate", _ORCH, to="planner", lo=4, hi=14),)),
+                Group(1.0, (Spec("return", "planner", to=_ORCH, lo=30, hi=90),)),
+                Group(1.0, (Spec("delegate", _ORCH, to="executor", lo=4, hi=14),)),
+                Group(1.0, (Spec("tool_use", "executor", tool="shell", lo=10, hi=40, p_error=0.15),)),
+                Group(0.5, (Spec("tool_use", "executor", tool="editor", lo=10, hi=40, p_error=0.1),)),
+                Group(1.0, (Spec("return", "executor", to=_ORCH, lo=20, hi=60),)),
+                Group(0.8, (Spec("communicate", "critic", to="executor", lo=15, hi=50),)),
+                Group(1.0, (Spec("return", "critic", to=_ORCH, lo=10, hi=40),)),
+            ),
+            stuck_round=(
+                Spec("delegate", _ORCH, to="executor", lo=4, hi=14),
+                Spec("tool_use", "executor", tool="shell", lo=10, hi=40),
+                Spec("return", "executor", to=_ORCH, lo=20, hi=60),
+                Spec("return", "critic", to=_ORCH, lo=10, hi=40),
+            ),
+            aggregate=agg,
+            p_stuck=0.05,
+            ceiling_offset=-1,
+        ),
+        "debate": TopologyModel(
+            name="debate",
+            workers=_w("debater", 3),
+            round=(
+                Group(1.0, (Spec("delegate", _ORCH, to="debater-1", lo=4, hi=14),)),
+                Group(1.0, (Spec("delegate", _ORCH, to="debater-2", lo=4, hi=14),)),
+                Group(1.0, (Spec("communicate", "debater-1", to="debater-2", lo=40, hi=120),)),
+                Group(1.0, (Spec("communicate", "debater-2", to="debater-1", lo=40, hi=120),)),
+                Group(0.6, (Spec("communicate", "debater-3", to="debater-1", lo=40, hi=120),)),
+                Group(1.0, (Spec("return", "debater-1", to=_ORCH, lo=20, hi=60),)),
+                Group(1.0, (Spec("return", "debater-2", to=_ORCH, lo=20, hi=60),)),
+            ),
+            stuck_round=(
+                Spec("communicate", "debater-1", to="debater-2", lo=40, hi=120),
+                Spec("communicate", "debater-2", to="debater-1", lo=40, hi=120),
+                Spec("return", "debater-1", to=_ORCH, lo=20, hi=60),
+            ),
+            aggregate=Spec("aggregate", _ORCH, lo=30, hi=80),
+            p_stuck=0.09,
+            p_stay_stuck=0.8,
+            p_up=tuple(0.85 * (1.0 - mu / 12) for mu in range(11)),
+        ),
+        "swarm": TopologyModel(
+            name="swarm",
+            workers=_w("agent", 4),
+            round=(
+                Group(1.0, (Spec("delegate", _ORCH, to="agent-1", lo=4, hi=14),)),
+                Group(1.0, (Spec("communicate", "agent-1", to="agent-2", lo=15, hi=50),)),
+                Group(0.6, (Spec("tool_use", "agent-2", tool="search", lo=8, hi=30, p_error=0.15),)),
+                Group(0.6, (Spec("communicate", "agent-2", to="agent-3", lo=15, hi=50),)),
+                Group(1.0, (Spec("return", "agent-2", to=_ORCH, lo=20, hi=60),)),
+                Group(0.5, (Spec("communicate", "agent-3", to="agent-4", lo=15, hi=50),)),
+                Group(0.5, (Spec("return", "agent-4", to=_ORCH, lo=20, hi=60),)),
+            ),
+            stuck_round=(
+                Spec("communicate", "agent-1", to="agent-2", lo=15, hi=50),
+                Spec("communicate", "agent-2", to="agent-1", lo=15, hi=50),
+                Spec("return", "agent-2", to=_ORCH, lo=20, hi=60),
+            ),
+            aggregate=agg,
+            p_stuck=0.12,
+            p_stay_stuck=0.8,
+            p_down=0.09,
+            ceiling_offset=1,
+        ),
+        "hierarchical": TopologyModel(
+            name="hierarchical",
+            workers=("manager-1", "worker-1", "worker-2"),
+            round=(
+                Group(1.0, (Spec("delegate", _ORCH, to="manager-1", lo=4, hi=14),)),
+                Group(1.0, (Spec("delegate", "manager-1", to="worker-1", lo=4, hi=14),)),
+                Group(1.0, (Spec("tool_use", "worker-1", tool="python", lo=10, hi=40, p_error=0.12),)),
+                Group(1.0, (Spec("return", "worker-1", to="manager-1", lo=20, hi=60),)),
+                Group(
+                    0.6,
+                    (
+                        Spec("delegate", "manager-1", to="worker-2", lo=4, hi=14),
+                        Spec("tool_use", "worker-2", tool="search", lo=10, hi=40, p_error=0.12),
+                        Spec("return", "worker-2", to="manager-1", lo=20, hi=60),
+                    ),
+                ),
+                Group(1.0, (Spec("return", "manager-1", to=_ORCH, lo=30, hi=80),)),
+            ),
+            stuck_round=(
+                Spec("delegate", "manager-1", to="worker-1", lo=4, hi=14),
+                Spec("tool_use", "worker-1", tool="python", lo=10, hi=40),
+                Spec("return", "worker-1", to="manager-1", lo=20, hi=60),
+                Spec("return", "manager-1", to=_ORCH, lo=30, hi=80),
+            ),
+            aggregate=agg,
+            p_stuck=0.07,
+        ),
+        "harness": TopologyModel(
+            name="harness",
+            workers=("agent",),
+            round=(
+                Group(1.0, (Spec("tool_use", "agent", tool="bash", lo=5, hi=20, p_error=0.2),)),
+                Group(1.0, (Spec("return", "agent", to=_ORCH, lo=5, hi=25),)),
+            ),
+            stuck_round=(
+                Spec("tool_use", "agent", tool="bash", lo=5, hi=20),
+                Spec("return", "agent", to=_ORCH, lo=5, hi=25),
+            ),
+            aggregate=Spec("aggregate", _ORCH, lo=2, hi=10),
+            rounds=20,
+            p_up=tuple(0.6 * (1.0 - mu / 12) for mu in range(11)),
+            p_stuck=0.08,
+            p_stay_stuck=0.8,
+            ceiling_offset=1,
+            spawn_tokens=(2, 6),
+        ),
+    }
+    return models
+
+
+_MODELS: Final[dict[str, TopologyModel]] = _build_models()
+
+
+def model_for(topology: str) -> TopologyModel:
+    """The simulator's model of one topology."""
+    try:
+        return _MODELS[topology]
+    except KeyError:
+        raise ConfigError(
+            f"--topology: {topology!r} is not one of {', '.join(SIM_TOPOLOGIES)}, all"
+        ) from None
+
+
+# --------------------------------------------------------------------------- optimum
+
+
+@dataclass(frozen=True)
+class OptimalRule:
+    """The Bayes-optimal stop rule of one topology at one ``lam`` (per thousand tokens).
+
+    ``stop[k, mu, m, n, z]`` says whether to stop at the end of round ``k``
+    (1-based) in observable state (quality level ``mu`` read by the verifier,
+    best level so far ``m``, working rounds spent at level ``m`` without a
+    change ``n``, stuck flag ``z``). ``stop_first`` says whether to stop at the
+    first decision point of the run (round 1's first return), before any
+    answer exists. ``value`` is the expected value of the rule, ``V_0``.
+    """
+
+    lam: float
+    stop: npt.NDArray[np.bool_]
+    values: FloatArray
+    stop_first: bool
+    value: float
+
+
+def posterior_above(model: TopologyModel, m: int, n: int) -> float:
+    """P(C > m | best level m, n working rounds at level m without a change)."""
+    prior = model.ceiling_prior()
+    if m >= model.levels:
+        return 0.0
+    pu = model.up(m)
+    pd = model.p_down if m > 0 else 0.0
+    above = float(prior[m + 1 :].sum()) * (1.0 - pd - pu) ** n
+    at = float(prior[m]) * (1.0 - pd) ** n
+    if above + at <= 0.0:
+        return 1.0 if at <= 0.0 else 0.0
+    return above / (above + at)
+
+
+def solve(model: TopologyModel, lam: float) -> OptimalRule:
+    """Exact backward induction over the observable state (see ``docs/simulator.md``)."""
+    levels, rounds = model.levels, model.rounds
+    n_size = rounds + 2
+    q = np.arange(levels + 1) / levels
+    mu = np.arange(levels + 1)[:, None, None]
+    m = np.arange(levels + 1)[None, :, None]
+    n = np.arange(n_size)[None, None, :]
+    pc = np.array([[posterior_above(model, mm, nn) for nn in range(n_size)] for mm in range(levels + 1)])
+    up = np.array([model.up(x) for x in range(levels + 1)])[:, None, None]
+    at_best = mu == m
+    pu = up * np.where(at_best, pc[None, :, :], 1.0)
+    pu = np.where(mu < levels, pu, 0.0)
+    pd = np.where(mu > 0, model.p_down, 0.0) + 0.0 * pu
+    ps = 1.0 - pu - pd
+    idx_mu = np.broadcast_to(mu, pu.shape)
+    idx_m = np.broadcast_to(m, pu.shape)
+    idx_n = np.broadcast_to(n, pu.shape)
+    down_mu = np.maximum(idx_mu - 1, 0)
+    stay_n = np.minimum(idx_n + at_best, n_size - 1)
+    up_mu = np.minimum(idx_mu + 1, levels)
+    up_m = np.where(at_best, np.minimum(idx_m + 1, levels), idx_m)
+    up_n = np.where(at_best, 0, idx_n)
+    c_work = lam * model.round_tokens() / 1000.0
+    c_stuck = lam * model.stuck_tokens() / 1000.0
+    stop_q = np.broadcast_to(q[:, None, None, None], (levels + 1, levels + 1, n_size, 2))
+    values = np.zeros((rounds + 1, levels + 1, levels + 1, n_size, 2))
+    stop = np.zeros(values.shape, dtype=bool)
+    values[rounds] = stop_q
+    stop[rounds] = True
+    p_next_stuck = (model.p_stuck, model.p_stay_stuck)
+    for k in range(rounds - 1, 0, -1):
+        nxt = values[k + 1]
+        v_work = nxt[..., 0]
+        e_work = (
+            pd * v_work[down_mu, idx_m, idx_n]
+            + ps * v_work[idx_mu, idx_m, stay_n]
+            + pu * v_work[up_mu, up_m, up_n]
+        )
+        e_stuck = nxt[..., 1]
+        for z in (0, 1):
+            ps_z = p_next_stuck[z]
+            cont = ps_z * (e_stuck - c_stuck) + (1.0 - ps_z) * (e_work - c_work)
+            go_on = cont > stop_q[..., z]
+            values[k][..., z] = np.where(go_on, cont, stop_q[..., z])
+            stop[k][..., z] = ~go_on
+    # round 1: first answer from ``init``; it is never stuck and reveals nothing of C
+    e_first = sum(p * values[1][j, j, 0, 0] for j, p in enumerate(model.init))
+    v_go = float(e_first) - lam * (model.spawn_cost() + model.round_tokens()) / 1000.0
+    v_stop0 = -lam * model.first_return_tokens() / 1000.0
+    stop_first = v_stop0 >= v_go
+    return OptimalRule(lam, stop, values, stop_first, max(v_stop0, v_go))
+
+
+# --------------------------------------------------------------------------- generation
+
+
+@dataclass
+class _Run:
+    events: list[dict[str, Any]]
+    dp: list[int]  # indices of decision-point events
+    dp_grade: list[float]  # grade in force at each decision point
+    round_end: list[int]  # last event of each round (index k-1 for round k)
+    round_state: list[tuple[int, int, int, int]]  # (mu, m, n, z) after each round
+    round_grade: list[float]
+    round_tokens: list[int]  # tokens up to and including each round's last event
+    first_return: int
+    first_return_tokens: int
+    proposals: list[int]
+    rewards: list[tuple[int, float]]
+
+
+_IDS: Final[list[str]] = [f"e{i}" for i in range(4096)]
+_DP_TYPES: Final = frozenset({"return", "aggregate", "reward"})
+
+
+def _event_id(i: int) -> str:
+    return _IDS[i] if i < len(_IDS) else f"e{i}"
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A :class:`Spec` precompiled for the hot loop."""
+
+    template: dict[str, Any]
+    lo: int
+    span: int
+    p_error: float
+    nano_usd: int  # price per token in 1e-9 USD (integer, so usd prints short)
+    tool: bool
+    ref: bool
+    ret: bool
+    dp: bool
+
+
+def _slot(spec: Spec, model: TopologyModel) -> _Slot:
+    template: dict[str, Any] = {"type": spec.type, "agent": spec.agent}
+    if spec.to is not None:
+        template["to"] = spec.to
+    if spec.tool is not None:
+        template["tool"] = spec.tool
+    price = model.usd_per_token[0] if spec.agent == _ORCH else model.usd_per_token[1]
+    return _Slot(
+        template,
+        spec.lo,
+        spec.hi - spec.lo + 1,
+        spec.p_error,
+        round(price * 1e9),
+        spec.tool is not None,
+        spec.type not in ("delegate", "spawn"),
+        spec.type == "return",
+        spec.type in _DP_TYPES,
+    )
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    spawns: tuple[_Slot, ...]
+    round: tuple[tuple[float, tuple[_Slot, ...]], ...]
+    stuck: tuple[_Slot, ...]
+    aggregate: _Slot
+    orch_nano: int
+
+
+_COMPILED: dict[str, _Compiled] = {}
+
+
+def _compiled(model: TopologyModel) -> _Compiled:
+    c = _COMPILED.get(model.name)
+    if c is None or model is not _MODELS.get(model.name):
+        lo, hi = model.spawn_tokens
+        c = _Compiled(
+            tuple(_slot(Spec("spawn", _ORCH, to=w, lo=lo, hi=hi), model) for w in model.workers),
+            tuple((g.p, tuple(_slot(s, model) for s in g.events)) for g in model.round),
+            tuple(_slot(s, model) for s in model.stuck_round),
+            _slot(model.aggregate, model),
+            round(model.usd_per_token[0] * 1e9),
+        )
+        if model is _MODELS.get(model.name):
+            _COMPILED[model.name] = c
+    return c
+
+
+def _grade(rng: random.Random, mean: float, noise: float) -> float:
+    # symmetric truncation keeps the deviation zero-mean and the grade in [0, 1]
+    half = min(mean, 1.0 - mean)
+    dev = rng.gauss(0.0, noise) if noise > 0 else 0.0
+    dev = max(-half, min(half, dev))
+    return round(mean + dev, 4)
+
+
+def _pick(rng: random.Random, probs: Sequence[float]) -> int:
+    u = rng.random()
+    acc = 0.0
+    for i, p in enumerate(probs):
+        acc += p
+        if u < acc:
+            return i
+    return len(probs) - 1
+
+
+def _generate(
+    model: TopologyModel, rng: random.Random, ceiling: int, noise: float, until: _Stopper | None
+) -> _Run:
+    """One run, round by round, to the hard cap or until ``until`` says nothing more is needed.
+
+    Written for speed (this loop is the simulator's cost): plain dicts, integer
+    milliseconds and nano-dollars, no pydantic; the tests validate the output.
+    """
+    comp = _compiled(model)
+    rand = rng.random
+    bits = rng.getrandbits
+    events: list[dict[str, Any]] = []
+    append = events.append
+    dp: list[int] = []
+    dp_grade: list[float] = []
+    t_ms = 0
+    tokens_total = 0
+    q = 0.0
+    first_return = -1
+    first_return_tokens = 0
+
+    def emit(slot: _Slot, ref: str | None, error: bool) -> None:
+        nonlocal t_ms, tokens_total, first_return, first_return_tokens
+        tok = slot.lo + int(rand() * slot.span)
+        t_ms += 50 + 20 * tok + int(rand() * (2000 if slot.tool else 200))
+        i = len(events)
+        ev = {"id": _event_id(i), "t": t_ms / 1000, **slot.template}
+        if ref is not None:
+            ev["content_ref"] = ref
+        ev["tokens"] = tok
+        ev["usd"] = tok * slot.nano_usd / 1e9
+        if error:
+            ev["error"] = True
+        tokens_total += tok
+        append(ev)
+        if slot.dp:
+            dp.append(i)
+            dp_grade.append(q)
+            if slot.ret and first_return < 0:
+                first_return, first_return_tokens = i, tokens_total
+
+    def info(kind: str, agent: str, extra: dict[str, Any]) -> int:
+        nonlocal t_ms
+        t_ms += 50 + int(rand() * 200)
+        i = len(events)
+        append({"id": _event_id(i), "t": t_ms / 1000, "type": kind, "agent": agent, **extra})
+        dp.append(i)
+        dp_grade.append(q)
+        return i
+
+    for slot in comp.spawns:
+        emit(slot, None, False)
+    levels = model.levels
+    round_end: list[int] = []
+    round_state: list[tuple[int, int, int, int]] = []
+    round_grade: list[float] = []
+    round_tokens: list[int] = []
+    proposals: list[int] = []
+    rewards: list[tuple[int, float]] = []
+    mu = best = n_best = 0
+    stuck = False
+    agg_ref = ""
+    loop_refs: list[str] = []
+    loop_errors: list[bool] = []
+    for k in range(1, model.rounds + 1):
+        if k == 1:
+            mu = _pick(rng, model.init)
+            best, n_best = mu, 0
+        else:
+            stuck = rand() < (model.p_stay_stuck if stuck else model.p_stuck)
+            if not stuck:
+                u = rand()
+                pd = model.p_down if mu > 0 else 0.0
+                pu = model.up(mu) if mu < ceiling else 0.0
+                if u < pd:
+                    mu -= 1
+                elif u < pd + pu:
+                    mu += 1
+                    if mu > best:
+                        best, n_best = mu, 0
+                elif mu == best:
+                    n_best += 1
+        if stuck:
+            if not loop_refs:
+                loop_refs = [f"{bits(48):012x}" for _ in comp.stuck]
+                loop_errors = [s.tool and rand() < 0.7 for s in comp.stuck]
+            for slot, ref, err in zip(comp.stuck, loop_refs, loop_errors, strict=True):
+                emit(slot, ref, err)
+        else:
+            loop_refs = []
+            for p, slots in comp.round:
+                if p < 1.0 and rand() >= p:
+                    continue
+                for slot in slots:
+                    if slot.ref:
+                        err = slot.p_error > 0.0 and rand() < slot.p_error
+                        emit(slot, f"{bits(48):012x}", err)
+                    else:
+                        emit(slot, None, False)
+            agg_ref = f"{bits(48):012x}"
+        # the aggregate's grade is the answer's, so it is set before the aggregate counts as a dp
+        if not stuck:
+            q = _grade(rng, mu / levels, noise)
+        emit(comp.aggregate, agg_ref, False)
+        events[-1]["grade"] = q
+        value = mu / levels
+        rewards.append(
+            (
+                info("reward", _VERIFIER, {"tokens": 0, "usd": 0.0, "value": value, "channel": "quality"}),
+                value,
+            )
+        )
+        if rand() < model.p_propose + model.p_propose_good * max(0.0, value - 0.5) * 2.0:
+            extra = {"tokens": 0, "usd": 0.0, "reason": "information_complete", "proposed": True}
+            proposals.append(info("stop", _ORCH, extra))
+        round_end.append(len(events) - 1)
+        round_state.append((mu, best, n_best, int(stuck)))
+        round_grade.append(q)
+        round_tokens.append(tokens_total)
+        if until is not None and until.done(k, round_state[-1], len(dp), value, bool(proposals)):
+            break
+    return _Run(
+        events,
+        dp,
+        dp_grade,
+        round_end,
+        round_state,
+        round_grade,
+        round_tokens,
+        first_return,
+        first_return_tokens,
+        proposals,
+        rewards,
+    )
+
+
+@dataclass
+class _Stopper:
+    """Tells the generator when the behavior and optimal stops are both on the path."""
+
+    behavior: int
+    param: float
+    rule: OptimalRule | None
+    behavior_done: bool = False
+    optimal_done: bool = False
+
+    def done(
+        self, k: int, state: tuple[int, int, int, int], n_dp: int, reward: float, proposed: bool
+    ) -> bool:
+        if not self.behavior_done:
+            if self.behavior == 0:
+                self.behavior_done = n_dp >= self.param
+            elif self.behavior == 1:
+                self.behavior_done = reward >= self.param
+            else:
+                self.behavior_done = proposed
+        if self.rule is None or self.rule.stop_first:
+            self.optimal_done = True
+        elif not self.optimal_done:
+            self.optimal_done = bool(self.rule.stop[(k, *state)])
+        return self.behavior_done and self.optimal_done
+
+
+def _behavior_stop(run: _Run, behavior: int, param: float) -> tuple[int, str, str]:
+    """Index of the event after which the behavior stops, the stop reason, and who stopped."""
+    if behavior == 0 and param <= len(run.dp):
+        return run.dp[int(param) - 1], "budget_exhausted", "safety_net"
+    if behavior == 1:
+        for i, value in run.rewards:
+            if value >= param:
+                return i, "quality_met", "orchestrator"
+    if behavior == 2 and run.proposals:
+        return run.proposals[0], "information_complete", "orchestrator"
+    return run.round_end[-1], "budget_exhausted", "safety_net"
+
+
+def _optimal_stop(run: _Run, rule: OptimalRule) -> tuple[int, float, int]:
+    """Where the optimal rule stops on this path: event index, grade there, tokens so far."""
+    if rule.stop_first:
+        return run.first_return, 0.0, run.first_return_tokens
+    for k, state in enumerate(run.round_state, start=1):
+        if rule.stop[(k, *state)]:
+            return run.round_end[k - 1], run.round_grade[k - 1], run.round_tokens[k - 1]
+    raise AssertionError("the optimal rule always stops by the hard cap")  # pragma: no cover
+
+
+def _task_plan(n: int, seed: int, topology: str) -> Iterator[tuple[int, str, int]]:
+    """(task index, topology, difficulty) for each of ``n`` runs; 2-4 runs per task."""
+    rng = random.Random(f"stopserve-sim:{seed}:tasks")
+    made = task = 0
+    topologies = SIM_TOPOLOGIES if topology == "all" else (topology,)
+    while made < n:
+        topo = topologies[task % len(topologies)]
+        model = _MODELS[topo]
+        difficulty = _pick(rng, model.difficulty)
+        for _ in range(min(2 + int(rng.random() * 3), n - made)):
+            yield task, topo, difficulty
+            made += 1
+        task += 1
+
+
+def simulate(
+    n: int,
+    *,
+    seed: int = 0,
+    topology: str = "all",
+    optimal_lambda: float | None = None,
+    run_to_cap: bool = False,
+    noise: float = DEFAULT_NOISE,
+) -> Iterator[dict[str, Any]]:
+    """Yield ``n`` format-v1 traces as JSON-ready dicts (deterministic for ``seed``).
+
+    With ``optimal_lambda`` each trace's ``metrics`` carries ``optimal_value``,
+    ``optimal_lambda`` and ``optimal_stop_index``. With ``run_to_cap`` every run
+    goes on to the hard cap and every decision point carries ``grade``.
+    """
+    if topology != "all":
+        model_for(topology)
+    if not (noise >= 0 and math.isfinite(noise)):
+        raise ConfigError(f"--noise: expected a finite number >= 0, got {noise}")
+    rules: dict[str, OptimalRule] = {}
+    if optimal_lambda is not None:
+        for topo in SIM_TOPOLOGIES if topology == "all" else (topology,):
+            rules[topo] = solve(_MODELS[topo], optimal_lambda)
+    for i, (task, topo, difficulty) in enumerate(_task_plan(n, seed, topology)):
+        model = _MODELS[topo]
+        rng = random.Random(f"stopserve-sim:{seed}:{i}")
+        behavior = _pick(rng, (0.34, 0.33, 0.33))
+        if behavior == 0:
+            per_round = 2 + sum(g.p for g in model.round for s in g.events if s.type == "return")
+            param = float(int(per_round * (1 + rng.random() * (model.rounds - 1) * 0.6)))
+        elif behavior == 1:
+            param = round(0.5 + 0.4 * rng.random(), 2)
+        else:
+            param = 0.0
+        rule = rules.get(topo)
+        until = None if run_to_cap else _Stopper(behavior, param, rule)
+        run = _generate(model, rng, model.ceiling(difficulty), noise, until)
+        yield _finish(
+            run,
+            i=i,
+            seed=seed,
+            task=task,
+            topo=topo,
+            model=model,
+            difficulty=difficulty,
+            behavior=behavior,
+            param=param,
+            rule=rule,
+            run_to_cap=run_to_cap,
+        )
+
+
+def _finish(
+    run: _Run,
+    *,
+    i: int,
+    seed: int,
+    task: int,
+    topo: str,
+    model: TopologyModel,
+    difficulty: int,
+    behavior: int,
+    param: float,
+    rule: OptimalRule | None,
+    run_to_cap: bool,
+) -> dict[str, Any]:
+    metrics: dict[str, float] = {
+        "behavior_policy": float(behavior),
+        "behavior_param": param,
+        "task_difficulty": float(difficulty),
+        "quality_ceiling": model.ceiling(difficulty) / model.levels,
+    }
+    b_stop, reason, by = _behavior_stop(run, behavior, param)
+    if run_to_cap:
+        end, reason, by = run.round_end[-1], "budget_exhausted", "safety_net"
+        metrics["behavior_stop_index"] = float(b_stop)
+        metrics["run_to_cap"] = 1.0
+        events = run.events
+        for j, grade in zip(run.dp, run.dp_grade, strict=True):
+            events[j]["grade"] = grade
+        max_turns = len(run.dp)
+    else:
+        end = b_stop
+        events = run.events[: end + 1]
+        n_dp = sum(1 for j in run.dp if j <= end)
+        max_turns = int(param) if behavior == 0 and reason == "budget_exhausted" else n_dp
+    if rule is not None:
+        opt, q_opt, c_opt = _optimal_stop(run, rule)
+        metrics["optimal_value"] = q_opt - rule.lam * (c_opt / 1000.0)
+        metrics["optimal_lambda"] = rule.lam
+        metrics["optimal_stop_index"] = float(opt)
+        if opt > end:
+            metrics["optimal_after_end"] = 1.0
+    t_end = events[-1]["t"]
+    stop_event: dict[str, Any] = {
+        "id": f"e{len(events)}",
+        "t": t_end,
+        "type": "stop",
+        "agent": _ORCH,
+        "reason": reason,
+        "proposed": False,
+        "tokens": 0,
+        "usd": 0.0,
+    }
+    stop: dict[str, Any] = {"reason": reason, "by": by, "t": t_end}
+    if reason == "budget_exhausted":
+        stop["limit"] = "turns"
+    final_q = run.dp_grade[bisect.bisect_left(run.dp, end)]  # every stop is at a decision point
+    return {
+        "format": "stopserve.trace/1",
+        "trace_id": f"sim-{seed}-{i}",
+        "task_id": f"simtask-{seed}-{task}",
+        "system": f"{SYSTEM}/{BEHAVIORS[behavior]}",
+        "topology": topo,
+        "events": [*events, stop_event],
+        "rewards": {"team": final_q},
+        "stop": stop,
+        "budget": {"max_turns": max_turns},
+        "metrics": metrics,
+    }
+
+
+# --------------------------------------------------------------------------- command
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    """``stopserve simulate``: write ``--n`` traces to ``-o``; print a one-line summary."""
+    if args.optimal and args.lam is None:
+        raise ConfigError("--optimal needs --lambda X (cost weight per thousand tokens)")
+    # a lambda alone also attaches the optimum: the simulator has no other use for it
+    noise = DEFAULT_NOISE if args.noise is None else args.noise
+    out = Path(args.output)
+    traces = simulate(
+        args.n,
+        seed=args.seed,
+        topology=args.topology,
+        optimal_lambda=args.lam,
+        run_to_cap=args.run_to_cap,
+        noise=noise,
+    )
+    first = next(traces)  # bad options raise here, before the output file is created
+    start = time.perf_counter()
+    with TraceWriter(out) as writer:
+        writer.write(first)  # validated, like every VALIDATE_EVERY-th trace: a cheap guard
+        for i, trace in enumerate(traces, start=1):
+            writer.write(trace, validate=i % VALIDATE_EVERY == 0)
+    elapsed = time.perf_counter() - start
+    print(f"wrote {writer.count} traces to {out} in {elapsed:.1f}s", file=sys.stderr)
+    return 0

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import io
 import json
 import math
 import os
 import platform
+import re
 import shlex
 import statistics
 import sys
@@ -113,13 +113,29 @@ class Section:
             out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
 
 
+#: Options that only say where scratch output goes: left out of the commands shown.
+_PLUMBING = ("--out", "--workdir")
+
+
 def command_line(argv: Sequence[str]) -> str:
+    """``argv`` as a user would type it from the repository root."""
     args = [str(a) for a in argv]
+    if args and args[0] == sys.executable:
+        args = args[1:]
     if args and args[0].endswith(".py"):
         with contextlib.suppress(ValueError):
             args[0] = str(Path(args[0]).resolve().relative_to(ROOT))
         args.insert(0, "python")
-    return shlex.join(args)
+    shown: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in _PLUMBING:
+            skip = True
+        elif not a.startswith(tuple(f"{p}=" for p in _PLUMBING)):
+            shown.append(a)
+    return shlex.join(shown)
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -161,17 +177,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def best_rate(work: Callable[[], int], repeats: int) -> tuple[float, list[float]]:
-    """Run ``work`` (returns items done) ``repeats`` times; best items/s and every rate.
+def best_rate(work: Callable[[], int], repeats: int) -> tuple[float, float]:
+    """Run ``work`` (returns items done) ``repeats`` times; best items per wall second and
+    per CPU second of this process.
 
-    The best of several repeats is the least noisy estimate on a shared machine.
+    The best of several repeats is the least noisy estimate on a shared machine, and
+    CPU time does not count the time the process waited for a core.
     """
-    rates: list[float] = []
+    wall: list[float] = []
+    cpu: list[float] = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         n = work()
-        rates.append(n / (time.perf_counter() - t0))
-    return max(rates), rates
+        t1, c1 = time.perf_counter(), time.process_time()
+        wall.append(n / (t1 - t0))
+        cpu.append(n / max(c1 - c0, 1e-9))
+    return max(wall), max(cpu)
 
 
 def median(values: Sequence[float]) -> float:
@@ -192,10 +213,9 @@ def profile_text(fn: Callable[[], Any], *, max_lines: int = 45) -> str:
         profiler.stop()
     text = profiler.output_text(unicode=False, color=False, show_all=False)
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    # drop pyinstrument's banner, keep the tree
-    start = next((i for i, ln in enumerate(lines) if "Recorded:" in ln or "Duration:" in ln), -1)
-    tree = lines[start + 1 :] if start >= 0 else lines
-    tree = [ln for ln in tree if not set(ln.strip()) <= {"_", " "}]
+    # drop pyinstrument's banner: the tree starts at the first line with a time
+    start = next((i for i, ln in enumerate(lines) if re.match(r"^\d+\.\d+ ", ln)), 0)
+    tree = lines[start:]
     if len(tree) > max_lines:
         tree = [*tree[:max_lines], f"... ({len(tree) - max_lines} more lines)"]
     return "\n".join(tree)
@@ -214,11 +234,3 @@ def machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "load_1min": round(load1, 2),
     }
-
-
-class Tee(io.StringIO):
-    """Collects text while also echoing it to stderr (for long steps)."""
-
-    def write(self, s: str) -> int:
-        sys.stderr.write(s)
-        return super().write(s)

@@ -99,40 +99,43 @@ def bench_fold(sec: Section, features: ModuleType, size: str) -> None:
     rows = []
     fold_rate = 0.0
     for label, case in cases:
-        base, _ = best_rate(partial(_baseline, case), repeats)
-        fold, fold_all = best_rate(partial(_fold_all, features, case), repeats)
-        feat, _ = best_rate(partial(_fold_and_featurize, features, case), repeats)
+        base_w, base = best_rate(partial(_baseline, case), repeats)
+        fold_w, fold = best_rate(partial(_fold_all, features, case), repeats)
+        feat_w, feat = best_rate(partial(_fold_and_featurize, features, case), repeats)
         n_events = sum(len(r) for r in case)
-        rows.append([label, n_events, fold, feat, base, fold / base])
+        rows.append([label, n_events, fold, fold_w, feat, base, fold / base])
         sec.data[label] = {
             "events": n_events,
-            "fold_events_per_s": fold,
-            "fold_rates": fold_all,
-            "fold_and_features_events_per_s": feat,
-            "baseline_events_per_s": base,
+            "fold_events_per_cpu_s": fold,
+            "fold_events_per_wall_s": fold_w,
+            "fold_and_features_events_per_cpu_s": feat,
+            "fold_and_features_events_per_wall_s": feat_w,
+            "baseline_events_per_cpu_s": base,
+            "baseline_events_per_wall_s": base_w,
         }
         if label.startswith("synthetic"):
             fold_rate = fold
     sec.add(
-        f"Best of {repeats} passes; one core (single thread). `fold` = `RunState.fold` per event, "
-        "a fresh RunState per run; `fold + features` also calls `features()` at every decision point "
-        "(the trainer's path); baseline = a bare loop reading the same fields of the same events.",
+        f"Best of {repeats} passes, one thread. Rates are events per CPU second of the process (the "
+        "machine is shared: CPU time leaves out the time spent waiting for a core); the wall-clock rate "
+        "is shown for the fold too. `fold` = `RunState.fold` per event, a fresh RunState per run; "
+        "`fold + features` also calls `features()` at every decision point (the trainer's path); "
+        "baseline = a bare loop reading the same fields of the same events.",
         "",
     )
     sec.table(
-        [
-            "events",
-            "count",
-            "fold events/s",
-            "fold + features events/s",
-            "baseline loop events/s",
-            "fold / baseline",
-        ],
+        ["events", "count", "fold events/CPU s", "fold events/wall s", "fold + features events/CPU s",
+         "baseline loop events/CPU s", "fold / baseline"],
         rows,
-    )
+    )  # fmt: skip
     met = fold_rate >= TARGET_EVENTS_PER_S
     sec.targets.append(
-        Target("featurize (fold) events/s, one core", f"{fold_rate:,.0f}", f">= {TARGET_EVENTS_PER_S:,}", met)
+        Target(
+            "featurize (fold) events per CPU second, one core",
+            f"{fold_rate:,.0f}",
+            f">= {TARGET_EVENTS_PER_S:,}",
+            met,
+        )
     )
     if not met:
         prof = profile_text(lambda: _fold_all(features, runs))

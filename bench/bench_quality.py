@@ -93,8 +93,8 @@ def split_by(path: Path, key: Any, out_dir: Path, stem: str) -> dict[str, Path]:
 
 
 def simulator(sec: Section, size: str, workdir: Path) -> None:
-    n_train = {"tiny": 60, "quick": 600, "full": 2000}[size]
-    n_test = {"tiny": 40, "quick": 600, "full": 2000}[size]
+    n_train = {"tiny": 40, "quick": 600, "full": 2000}[size]
+    n_test = {"tiny": 30, "quick": 600, "full": 2000}[size]
     lambdas = SIM_LAMBDAS if size != "tiny" else (1.0,)
     d = workdir / "quality-sim"
     d.mkdir(parents=True, exist_ok=True)

@@ -79,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         ["of which inside `lightgbm.train` s (recorded)", rep["recorded_lgb_seconds"]],
         ["`lightgbm.train` calls (boosters)", rep["calls"]],
         ["raw replay s: same boosters, same rows, labels, params and rounds", raw],
-        ["**fit / raw**", ratio],
+        ["**fit / raw** (wall)", ratio],
+        [
+            "fit CPU s / raw CPU s (all threads)",
+            f"{fit.get('cpu_seconds', 0):.1f} / {rep.get('raw_cpu_seconds', 0):.1f}",
+        ],
         ["peak RSS of the process (MiB)", peak / 2**20],
         ["of which at most: the probe's recorded arrays (MiB)", rep["probe_bytes"] / 2**20],
         ["chosen policy", fit.get("chosen")],

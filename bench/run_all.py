@@ -31,6 +31,7 @@ SECTIONS: list[tuple[str, int]] = [
     ("bench_train.py", 1800),
     ("bench_quality.py", 1800),
     ("bench_simulate.py", 600),
+    ("bench_client.py", 300),
     ("bench_serve.py", 900),
 ]
 
@@ -51,6 +52,16 @@ def run_section(script: str, size: str, workdir: Path, timeout: float) -> dict[s
     name = script.removesuffix(".py")
     if not path.exists():
         return _stub(name, f"not available yet: bench/{script}")
+    help_text = subprocess.run(
+        [sys.executable, str(path), "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    ).stdout
+    if "--out" not in help_text:
+        return run_foreign(path, size, timeout, help_text)
     out = workdir / f"{name}.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, str(path), "--size", size, "--out", str(out), "--workdir", str(workdir)]
@@ -71,6 +82,35 @@ def run_section(script: str, size: str, workdir: Path, timeout: float) -> dict[s
         return doc
     tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-15:])
     return _stub(name, f"{script} failed ({rc})", command_line(cmd), tail, took)
+
+
+def run_foreign(path: Path, size: str, timeout: float, help_text: str) -> dict[str, Any]:
+    """A script written to another interface (e.g. bench_client.py): run it, quote its markdown."""
+    name = path.stem
+    cmd = [sys.executable, str(path)]
+    if size != "full" and "--n " in help_text:
+        cmd += ["--n", "50" if size == "tiny" else "150"]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return _stub(name, f"{path.name}: timeout after {timeout:.0f}s", command_line(cmd))
+    took = time.monotonic() - t0
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        return _stub(name, f"{path.name} failed ({proc.returncode})", command_line(cmd), tail, took)
+    parts = path.read_text().split('"""')
+    title = (parts[1].strip().splitlines() or [name])[0].rstrip(".") if len(parts) > 2 else name
+    md = [
+        f"## {title}",
+        "",
+        f"Command: `{command_line(cmd)}` (its output, verbatim)",
+        "",
+        proc.stdout.strip(),
+        "",
+    ]
+    return {"title": title, "command": command_line(cmd), "markdown": "\n".join(md), "data": {},
+            "missing": [], "targets": [], "seconds": took}  # fmt: skip
 
 
 def _stub(name: str, why: str, command: str = "", tail: str = "", took: float = 0.0) -> dict[str, Any]:
@@ -140,10 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     facts = machine()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="stopserve-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    chosen = SECTIONS
+    known = {name for name, _ in SECTIONS}
+    # scripts other engineers add (e.g. service_sizing.py) run too, after the known ones
+    extra = [(p.name, 600) for p in sorted(BENCH.glob("*.py")) if not p.name.startswith("_")
+             and p.name != "run_all.py" and p.name not in known]  # fmt: skip
+    chosen = SECTIONS + extra
     if args.only:
         wanted = {n.removeprefix("bench_").removesuffix(".py") for n in args.only}
-        chosen = [s for s in SECTIONS if s[0].removeprefix("bench_").removesuffix(".py") in wanted]
+        chosen = [s for s in chosen if s[0].removeprefix("bench_").removesuffix(".py") in wanted]
         if not chosen:
             p.error(f"--only: no section named {', '.join(sorted(wanted))}")
     docs = []

@@ -187,7 +187,8 @@ class Engine:
             if run_id in self._closed:
                 raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted")
             new, ignored = self._accept(run, req.events)
-            if req.events and not new and run.last_response is not None:
+            retry = req.events and not new and req.proposed_stop == run.last_proposed
+            if retry and run.last_response is not None:
                 # a retry of a call already answered: the same answer, nothing logged twice
                 cached = dict(run.last_response, events_accepted=0, events_ignored=ignored)
                 return DecideResponse.model_validate(cached)
@@ -205,6 +206,7 @@ class Engine:
             if run.events:
                 run.decisions[len(run.events) - 1] = _trace_decision(decision)
             run.n_decisions += 1
+            run.last_proposed = req.proposed_stop
             run.last_response = None
             self._write_decision(record)
             run.last_response = response.model_dump()

@@ -48,6 +48,7 @@ class Run:
     last_t: float = 0.0
     n_decisions: int = 0
     last_response: dict[str, Any] | None = None
+    last_proposed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

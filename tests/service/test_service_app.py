@@ -85,6 +85,10 @@ def test_retry_with_seen_events_is_idempotent(client: TestClient, tmp_path: Path
     # a partial overlap folds only the new events
     mixed = client.post("/v1/runs/r/decide", json={"events": turn_events(0) + turn_events(1)}).json()
     assert mixed["events_accepted"] == 2 and mixed["events_ignored"] == 2 and mixed["turn"] == 2
+    # a proposed stop with no new event is a new question, not a retry
+    proposed = client.post("/v1/runs/r/decide", json={"events": turn_events(1), "proposed_stop": True}).json()
+    assert proposed["action"] == "stop" and proposed["events_ignored"] == 2
+    assert len(lines(tmp_path / "logs" / "decisions.jsonl")) == 3
 
 
 def test_safety_net_stops_and_outcome_writes_a_v1_trace(client: TestClient, tmp_path: Path) -> None:

@@ -302,3 +302,17 @@ def test_openapi_documents_examples_and_error_body(client: TestClient) -> None:
         assert "422" in paths[path]["post"]["responses"]
     assert spec["components"]["schemas"]["DecideRequest"]["examples"]
     assert "ErrorBody" in spec["components"]["schemas"]
+
+
+def test_serve_command_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stopserve.cli import main
+
+    assert main(["serve", "--model", str(tmp_path / "missing"), "--log-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no such model directory" in err and "Traceback" not in err
+    monkeypatch.setenv("STOPSERVE_FSYNC", "sometimes")
+    assert main(["serve", "--no-model"]) == 2
+    err = capsys.readouterr().err
+    assert "STOPSERVE_FSYNC" in err and "Traceback" not in err

@@ -30,6 +30,65 @@ def _write(sim: ModuleType, path: Path, n: int, **options: object) -> tuple[floa
     return wall, cpu, path.stat().st_size
 
 
+def bench_optimum(sec: Section, sim: ModuleType, per_topology: int) -> None:
+    """Per topology and lambda: the DP value, the realized optimum, the logged behavior, and
+    how often the behavior's own stop is premature, delayed or runs through a loop."""
+    rows = []
+    for lam in (0.1, 1.0, 10.0):
+        n = per_topology * len(sim.SIM_TOPOLOGIES)
+        traces = list(sim.simulate(n, seed=5, optimal_lambda=lam))
+        for topo in sim.SIM_TOPOLOGIES:
+            mine = [t for t in traces if t["topology"] == topo]
+            opt = [t["metrics"]["optimal_value"] for t in mine]
+            behavior = [
+                t["rewards"]["team"] - lam * sum(e["tokens"] for e in t["events"]) / 1000 for t in mine
+            ]
+            modes = [sim.failure_modes(t, len(t["events"]) - 2) for t in mine]
+            share = {m: sum(f[m] for f in modes) / len(mine) for m in sim.FAILURE_MODES}
+            rule = sim.solve(sim.model_for(topo), lam)
+            row = [lam, topo, len(mine), rule.value, _mean(opt), _mean(behavior)]
+            rows.append([*row, share["premature"], share["delayed"], share["loop"]])
+            sec.data.setdefault("optimum", []).append(
+                {
+                    "lambda": lam,
+                    "topology": topo,
+                    "traces": len(mine),
+                    "dp_value": rule.value,
+                    "optimal_mean": _mean(opt),
+                    "behavior_mean": _mean(behavior),
+                    **share,
+                }
+            )
+    sec.add(
+        "### Optimum vs the logged behavior",
+        "",
+        "`stopserve simulate --optimal --lambda L` (default mode, seed 5): the DP's expected value "
+        "V_0, the mean realized optimal value (they agree up to sampling), the mean value of the "
+        "behavior's own stop (q - lam * ktokens at its logged end), and the share of runs whose "
+        "behavior stop is premature / delayed / ran 2+ rounds through a loop past the optimal "
+        "point (`training.simulate.failure_modes`).",
+        "",
+    )
+    sec.table(
+        [
+            "lambda",
+            "topology",
+            "runs",
+            "DP V_0",
+            "optimal mean",
+            "behavior mean",
+            "premature",
+            "delayed",
+            "loop",
+        ],
+        rows,
+    )
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser(__doc__ or "").parse_args(argv)
     sec = Section("Simulator: traces per second", sys.argv)
@@ -72,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             default_wall < TARGET_SECONDS if n == TARGET_TRACES else None,
         )
     )
+    bench_optimum(sec, sim, {"tiny": 50, "quick": 400, "full": 2000}[args.size])
     if args.size != "tiny":
         prof = profile_text(lambda: sum(1 for _ in sim.simulate(2000, seed=2)))
         sec.add(

@@ -5,7 +5,7 @@ Generates format-v1 traces for six topologies and, for a cost weight ``lam``
 exact dynamic programming. ``docs/simulator.md`` describes the generative model,
 the state, the recursion and the failure modes.
 
->>> traces = list(simulate(6, seed=1, optimal_lambda=0.1))
+>>> traces = list(simulate(30, seed=1, optimal_lambda=0.1))
 >>> sorted({t["topology"] for t in traces}) == sorted(SIM_TOPOLOGIES)
 True
 >>> all("optimal_value" in t["metrics"] for t in traces)
@@ -31,7 +31,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -45,12 +45,15 @@ from stopserve.trace import TraceWriter
 __all__ = [
     "BEHAVIORS",
     "DEFAULT_NOISE",
+    "FAILURE_MODES",
     "SIM_TOPOLOGIES",
     "Group",
     "OptimalRule",
     "Spec",
     "TopologyModel",
+    "failure_modes",
     "model_for",
+    "posterior_above",
     "simulate",
     "simulate_command",
     "solve",
@@ -838,6 +841,8 @@ def _finish(
         metrics["optimal_value"] = q_opt - rule.lam * (c_opt / 1000.0)
         metrics["optimal_lambda"] = rule.lam
         metrics["optimal_stop_index"] = float(opt)
+        metrics["optimal_grade"] = q_opt
+        metrics["optimal_ktokens"] = c_opt / 1000.0
         if opt > end:
             metrics["optimal_after_end"] = 1.0
     t_end = events[-1]["t"]
@@ -866,6 +871,54 @@ def _finish(
         "stop": stop,
         "budget": {"max_turns": max_turns},
         "metrics": metrics,
+    }
+
+
+# --------------------------------------------------------------------------- failure modes
+
+#: The failure modes of a stop decision, as :func:`failure_modes` names them.
+FAILURE_MODES: Final[tuple[str, ...]] = ("premature", "delayed", "loop")
+
+
+def failure_modes(trace: Mapping[str, Any], stop_index: int) -> dict[str, bool]:
+    """Which failure modes a stop right after event ``stop_index`` shows, against the optimum.
+
+    Needs a trace made with ``--optimal``; values are ``q - lam * ktokens`` at that
+    ``lam``. ``premature``: stopped before the optimal point, for less value (e.g. a
+    stop proposal accepted too early). ``delayed``: stopped after it, for less value
+    (quality flat, cost rising). ``loop``: went on through 2 or more stuck rounds
+    (an aggregate repeating the previous one's content ref) past the optimal point.
+    A behavior's own stop is the event before the final ``stop`` event:
+    ``len(trace["events"]) - 2``.
+
+    >>> t = next(simulate(1, seed=0, optimal_lambda=0.1))
+    >>> sorted(failure_modes(t, len(t["events"]) - 2))
+    ['delayed', 'loop', 'premature']
+    """
+    metrics = trace.get("metrics") or {}
+    if "optimal_stop_index" not in metrics:
+        raise ConfigError(
+            f"trace {trace.get('trace_id')!r}: no metrics.optimal_stop_index (simulate --optimal)"
+        )
+    events = trace["events"]
+    opt = int(metrics["optimal_stop_index"])
+    q_stop = 0.0
+    tokens = 0
+    stuck_after_opt = 0
+    previous_ref: object = None
+    for i, event in enumerate(events[: stop_index + 1]):
+        tokens += int(event.get("tokens") or 0)
+        if event.get("type") != "aggregate":
+            continue
+        if i > opt and event.get("content_ref") == previous_ref:
+            stuck_after_opt += 1
+        previous_ref = event.get("content_ref")
+        q_stop = float(event.get("grade", q_stop))
+    worse = q_stop - float(metrics["optimal_lambda"]) * tokens / 1000.0 < float(metrics["optimal_value"])
+    return {
+        "premature": stop_index < opt and worse,
+        "delayed": stop_index > opt and worse,
+        "loop": stuck_after_opt >= 2,
     }
 
 

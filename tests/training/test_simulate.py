@@ -14,12 +14,14 @@ import orjson
 import pytest
 
 from stopserve.cli import main
+from stopserve.errors import ConfigError
 from stopserve.trace import Event, is_decision_point, read_traces, scan
 from training.simulate import (
     SIM_TOPOLOGIES,
     Group,
     Spec,
     TopologyModel,
+    failure_modes,
     model_for,
     posterior_above,
     simulate,
@@ -231,10 +233,10 @@ def test_tiny_model_simulated_value_matches_dp() -> None:
     assert abs(values.mean() - rule.value) < 4 * se + 1e-9
 
 
-@pytest.mark.parametrize("topology", ["centralized", "harness", "swarm"])
+@pytest.mark.parametrize("topology", SIM_TOPOLOGIES)
 def test_realized_optimal_values_average_to_the_dp_value(topology: str) -> None:
     lam = 0.1
-    traces = _traces(1500, 21, topology=topology, optimal_lambda=lam)
+    traces = _traces(1000, 21, topology=topology, optimal_lambda=lam)
     values = np.array([t["metrics"]["optimal_value"] for t in traces])
     se = values.std() / math.sqrt(len(values))
     expected = solve(model_for(topology), lam).value
@@ -351,6 +353,23 @@ def test_model_changes_reach_the_generator() -> None:
         states = run.round_state
         assert all(z == 0 for *_, z in states)
         assert all(b[0] >= a[0] for a, b in itertools.pairwise(states))
+
+
+def test_failure_modes_are_judged_against_the_optimum() -> None:
+    traces = _traces(300, 6, optimal_lambda=0.1, run_to_cap=True)
+    seen = Counter()
+    for t in traces:
+        opt = int(t["metrics"]["optimal_stop_index"])
+        assert not any(failure_modes(t, opt).values())  # the optimum is no failure
+        first = failure_modes(t, 0)  # stopping at the very first event
+        assert not first["delayed"] and not first["loop"]
+        last = failure_modes(t, len(t["events"]) - 2)  # running to the cap
+        assert not last["premature"]
+        seen.update(k for k, v in last.items() if v)
+        seen.update(k for k, v in first.items() if v)
+    assert seen["premature"] > 100 and seen["delayed"] > 100 and seen["loop"] > 30, seen
+    with pytest.raises(ConfigError, match="optimal"):
+        failure_modes(_traces(1, 0)[0], 3)
 
 
 def test_traces_read_back_with_the_trace_reader(tmp_path: Path) -> None:

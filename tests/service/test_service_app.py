@@ -178,6 +178,12 @@ def test_limits(tmp_path: Path) -> None:
         r = c.post("/v1/runs/r2/decide", json=big)
         assert r.status_code == 413 and r.json()["error"]["type"] == "payload_too_large"
 
+        def chunks() -> Iterator[bytes]:  # no content-length: counted as it streams
+            yield from (b" " * 1000 for _ in range(10))
+
+        r = c.post("/v1/decide", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["type"] == "payload_too_large"
+
 
 def test_lru_eviction_and_idle_ttl(tmp_path: Path) -> None:
     with make_client(tmp_path, max_runs=2) as c:

@@ -25,7 +25,7 @@ NO_LOOP = SafetyConfig.from_dict({"loop": False})
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dp = build_decision_points(synth_traces(100, seed=1))
+    dp = build_decision_points(synth_traces(160, seed=1))
     result = fit_policy(dp, lam=2.0, folds=3, max_rounds=30, early_stopping=5)
     assert result.manifest["kind"] == "model", result.warnings
     return result.save(tmp_path_factory.mktemp("policy") / "model")

@@ -69,7 +69,7 @@ DEFAULT_PARAMS: Final[dict[str, Any]] = {
     "learning_rate": 0.05,
     "num_leaves": 15,
     "max_depth": 6,
-    "min_data_in_leaf": 20,
+    "min_data_in_leaf": "auto",  # max(20, 1% of the training rows): rows of one run are alike
     "feature_fraction": 0.9,
     "bagging_fraction": 0.8,
     "bagging_freq": 1,
@@ -84,6 +84,8 @@ MAX_ROUNDS: Final = 400
 EARLY_STOPPING: Final = 30
 #: Inverse-propensity weights are clipped here (variance control).
 MAX_IPW: Final = 20.0
+#: Standard errors a tuned τ's gain must clear (see ``_tune_tau``).
+PESSIMISM: Final = 1.0
 #: Passes of fitted backward induction for ``method="optimal"``.
 OPTIMAL_PASSES: Final = 3
 #: Multiples of the chosen λ at which τ is tuned too (the λ dial without retraining).
@@ -185,38 +187,97 @@ def _tau_candidates(v: FloatArray) -> FloatArray:
 def _tune_tau(
     dp: DecisionPoints, v: FloatArray, allowed: BoolArray, extra: BoolArray, lam: float
 ) -> tuple[float, float]:
-    """τ maximising the mean replay value of ``stop = (v < −τ) & allowed | extra`` on ``dp``."""
-    best_tau, best_value = math.inf, -math.inf
+    """τ for ``stop = (v < −τ) & allowed | extra``, tuned pessimistically on ``dp``.
+
+    Each τ is scored by a lower confidence bound of its per-trace gain over the
+    nets alone (mean − ``PESSIMISM`` standard errors), so a τ whose gain rests on a
+    few traces is not taken: tuned on some tasks, it must hold on others.
+    Returns τ (``inf``: the model never stops) and the mean replay value at it.
+    """
+    base = replay(dp, extra, lam).value
+    n = max(1, base.size)
+    best_tau, best_score, best_value = math.inf, 0.0, float(base.mean())
     for tau in _tau_candidates(v[allowed] if allowed.any() else v):
+        if not math.isfinite(tau):
+            continue
         stop = ((v < -tau) & allowed) | extra
-        value = replay(dp, stop, lam).mean_value
-        if value > best_value + 1e-12:
-            best_tau, best_value = float(tau), value
+        values = replay(dp, stop, lam).value
+        gain = values - base
+        score = float(gain.mean() - PESSIMISM * gain.std() / math.sqrt(n))
+        if score > best_score + 1e-12:
+            best_tau, best_score, best_value = float(tau), score, float(values.mean())
     return best_tau, best_value
+
+
+def _cap_grid(c: FloatArray, size: int = 16) -> list[float | None]:
+    """Cost caps tried with the model: off, and quantiles of the observed costs."""
+    pos = c[np.isfinite(c) & (c > 0)]
+    if pos.size == 0:
+        return [None]
+    qs = np.unique(np.quantile(pos, np.linspace(0.5, 1.0, size)))
+    return [None, *(float(x) for x in qs)]
+
+
+def _tune_rule(  # noqa: PLR0917
+    dp: DecisionPoints,
+    v: FloatArray,
+    allowed: BoolArray,
+    loop: BoolArray,
+    lam: float,
+    caps: list[float | None],
+) -> tuple[float, float | None, float]:
+    """τ and the cost cap (a safety net shipped with the model) that maximise the replay value."""
+    best: tuple[float, float | None, float] = (math.inf, None, -math.inf)
+    for cap in caps:
+        extra = loop if cap is None else loop | (dp.c >= cap)
+        tau, value = _tune_tau(dp, v, allowed, extra, lam)
+        if value > best[2] + 1e-12:
+            best = (tau, cap, value)
+    return best
 
 
 def _cv_value(  # noqa: PLR0917
     dp: DecisionPoints,
     v: FloatArray,
+    inner: list[tuple[IntArray, FloatArray]],
     allowed: BoolArray,
-    extra: BoolArray,
+    loop: BoolArray,
     lam: float,
     trace_fold: IntArray,
-) -> tuple[BoolArray, list[float]]:
-    """Nested τ: each fold's rows use the τ tuned on the other folds. Returns stop flags and τs."""
+    caps: list[float | None],
+) -> tuple[BoolArray, list[float], list[float | None]]:
+    """Nested tuning: fold f's rows use the τ and cap tuned for fold f's own model.
+
+    ``inner[f]`` holds fold f's early-stopping rows and that model's V there: rows
+    the model did not train on and fold f does not contain, so τ matches the scale
+    of the model that scores fold f (fold models trained on very different data,
+    e.g. without the one big repository, do not share a scale). Without such rows,
+    τ is tuned on the other folds' out-of-fold values.
+    """
     stop = np.zeros(dp.n_rows, dtype=bool)
     taus: list[float] = []
+    fold_caps: list[float | None] = []
     row_fold = _row_folds(dp, trace_fold)
     all_traces = np.arange(dp.n_traces)
     for f in np.unique(trace_fold):
-        other = all_traces[trace_fold != f]
-        rows_other = row_fold != f
-        sub = dp.subset(other)
-        tau, _ = _tune_tau(sub, v[rows_other], allowed[rows_other], extra[rows_other], lam)
+        va_rows, v_in = inner[int(f)]
+        if va_rows.size:
+            sub = dp.subset(np.unique(dp.trace_idx[va_rows]))
+            tau, cap, _ = _tune_rule(sub, v_in, allowed[va_rows], loop[va_rows], lam, caps)
+        else:
+            rows_other = row_fold != f
+            sub = dp.subset(all_traces[trace_fold != f])
+            tau, cap, _ = _tune_rule(sub, v[rows_other], allowed[rows_other], loop[rows_other], lam, caps)
         taus.append(tau)
+        fold_caps.append(cap)
         mine = row_fold == f
-        stop[mine] = ((v[mine] < -tau) & allowed[mine]) | extra[mine]
-    return stop, taus
+        extra = loop[mine] if cap is None else loop[mine] | (dp.c[mine] >= cap)
+        stop[mine] = ((v[mine] < -tau) & allowed[mine]) | extra
+    return stop, taus, fold_caps
+
+
+def _cap_mask(dp: DecisionPoints, cap: float | None) -> BoolArray:
+    return np.zeros(dp.n_rows, dtype=bool) if cap is None else np.asarray(dp.c >= cap)
 
 
 def _summary(dp: DecisionPoints, stop: BoolArray, lam: float) -> dict[str, float]:
@@ -350,6 +411,7 @@ def fit_policy(
     max_rounds: int = MAX_ROUNDS,
     early_stopping: int = EARLY_STOPPING,
     min_turns: int = 2,
+    with_cap: bool = True,
     progress: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> FitResult:
@@ -393,6 +455,8 @@ def fit_policy(
         notes.append(f"no trace carries any cost in {dp.cost_unit}: K is 0 and λ has no effect")
 
     base_params = {**DEFAULT_PARAMS, **(params or {})}
+    if base_params.get("min_data_in_leaf") == "auto":
+        base_params["min_data_in_leaf"] = max(20, dp.n_rows // 100)
     trace_fold = group_folds(dp.group, folds, seed)
     k = int(np.unique(trace_fold).size)
     row_fold = _row_folds(dp, trace_fold)
@@ -411,39 +475,54 @@ def fit_policy(
     fold_splits: list[tuple[IntArray, IntArray, IntArray]] = []
     for f in range(k):
         train_traces = np.flatnonzero(trace_fold != f)
-        valid_flag = _inner_split(dp.group[train_traces], rng)
+        valid_flag = _inner_split(dp.task_id[train_traces], rng)
         is_valid_trace = np.zeros(dp.n_traces, dtype=bool)
         is_valid_trace[train_traces[valid_flag]] = True
         in_train = (row_fold != f) & ~is_valid_trace[dp.trace_idx]
         in_valid = (row_fold != f) & is_valid_trace[dp.trace_idx]
         fold_splits.append((rows_all[in_train], rows_all[in_valid], rows_all[row_fold == f]))
 
-    def cross_fit(target: _Target, bar: Any) -> tuple[FloatArray, list[int]]:
+    def cross_fit(target: _Target, bar: Any) -> tuple[FloatArray, list[int], list[FloatArray]]:
         oof = np.zeros(dp.n_rows)
         iters: list[int] = []
+        inner_preds: list[FloatArray] = []
         for f, (tr, va, te) in enumerate(fold_splits):
             booster, best = trainer.train(target, tr, va, max_rounds, early_stopping, seed + f)
             oof[te] = booster.predict(dp.X[te], num_iteration=best)
+            inner_preds.append(booster.predict(dp.X[va], num_iteration=best) if va.size else np.zeros(0))
             iters.append(best)
             if bar is not None:
                 bar.update(1)
-        return oof, iters
+        return oof, iters, inner_preds
 
     n_steps = k * (3 + (OPTIMAL_PASSES if method == "optimal" else 0)) + 4
     bar = _progress(n_steps, "training", progress)
     oof: dict[str, FloatArray] = {}
     best_iters: dict[str, list[int]] = {}
+    inner: dict[str, list[FloatArray]] = {}
     for name in ("q", "s", "k"):
-        oof[name], best_iters[name] = cross_fit(targets[name], bar)
+        oof[name], best_iters[name], inner[name] = cross_fit(targets[name], bar)
     calibration: dict[str, dict[str, list[float]] | None] = {}
     for name in ("q", "s"):
         cal = _calibrate(oof[name], targets[name].y) if targets[name].binary else None
         calibration[name] = cal
         oof[name] = _apply_calibration(oof[name], cal)
+        inner[name] = [_apply_calibration(p, cal) for p in inner[name]]
     oof["k"] = np.maximum(oof["k"], 0.0)
+    inner["k"] = [np.maximum(p, 0.0) for p in inner["k"]]
+
+    def inner_v(lam_: float, use_c: bool) -> list[tuple[IntArray, FloatArray]]:
+        out = []
+        for f, (_, va, _) in enumerate(fold_splits):
+            if use_c:
+                out.append((va, inner["c"][f] - inner["s"][f]))
+            else:
+                out.append((va, inner["q"][f] - inner["s"][f] - lam_ * inner["k"][f]))
+        return out
 
     allowed = dp.turn >= min_turns
     loop_stop = dp.loop.copy()
+    caps: list[float | None] = _cap_grid(dp.c) if with_cap else [None]
     v_behavior = oof["q"] - oof["s"] - lam * oof["k"]
 
     # --------------------------------------------------------- optimal: fitted backward induction
@@ -455,10 +534,12 @@ def fit_policy(
         for p in range(OPTIMAL_PASSES):
             y = _next_stop_value(dp, stop_rule, lam) + lam * dp.c
             c_target = _Target("c", y, "regression", "identity", False)
-            oof["c"], best_iters["c"] = cross_fit(c_target, bar)
+            oof["c"], best_iters["c"], inner["c"] = cross_fit(c_target, bar)
             v_opt = oof["c"] - oof["s"]
-            opt_tau, _ = _tune_tau(dp, v_opt, allowed, loop_stop, lam)
+            opt_tau, opt_cap, _ = _tune_rule(dp, v_opt, allowed, loop_stop, lam, caps)
             stop_rule = ((v_opt < -opt_tau) & allowed) | loop_stop
+            if opt_cap is not None:
+                stop_rule |= dp.c >= opt_cap
             say(f"optimal pass {p + 1}/{OPTIMAL_PASSES}: tau {opt_tau:.4g}")
 
     # --------------------------------------------------------- CV values: learned vs heuristics
@@ -474,10 +555,14 @@ def fit_policy(
     for name in HEURISTICS:
         policies[name] = _summary(dp, masks[name], lam)
     v_cv = v_opt if v_opt is not None else v_behavior
-    learned_stop, fold_taus = _cv_value(dp, v_cv, allowed, loop_stop, lam, trace_fold)
+    learned_stop, fold_taus, fold_caps = _cv_value(
+        dp, v_cv, inner_v(lam, v_opt is not None), allowed, loop_stop, lam, trace_fold, caps
+    )
     policies["learned"] = _summary(dp, learned_stop, lam)
     if v_opt is not None:
-        beh_stop, _ = _cv_value(dp, v_behavior, allowed, loop_stop, lam, trace_fold)
+        beh_stop, _, _ = _cv_value(
+            dp, v_behavior, inner_v(lam, False), allowed, loop_stop, lam, trace_fold, caps
+        )
         policies["learned_behavior_method"] = _summary(dp, beh_stop, lam)
     if bar is not None:
         bar.update(1)
@@ -488,13 +573,22 @@ def fit_policy(
     ship_model = learned_value > heur_value + 1e-9
 
     # --------------------------------------------------------- tau on all out-of-fold rows
-    tau, _ = _tune_tau(dp, v_behavior, allowed, loop_stop, lam)
+    v_final = v_opt if v_opt is not None else v_behavior
+    tau, cap, _ = _tune_rule(dp, v_final, allowed, loop_stop, lam, caps)
+    if v_opt is not None:
+        opt_tau = tau
+        tau, _ = _tune_tau(dp, v_behavior, allowed, loop_stop | _cap_mask(dp, cap), lam)
     grid_lams = sorted({lam * m for m in LAMBDA_GRID} | {lam})
     grid_taus: list[float] = []
     for gl in grid_lams:
         v = oof["q"] - oof["s"] - gl * oof["k"]
-        t_gl, _ = _tune_tau(dp, v, allowed, loop_stop, gl)
+        t_gl, _ = _tune_tau(dp, v, allowed, loop_stop | _cap_mask(dp, cap), gl)
         grid_taus.append(t_gl)
+    model_acts = math.isfinite(opt_tau if v_opt is not None else tau)
+    if ship_model and not model_acts:
+        # the model never stops at this lambda: what would ship is its cost cap, a heuristic
+        ship_model = False
+        notes.append("the tuned model never stops a run at this lambda (tau is infinite)")
     if bar is not None:
         bar.update(1)
 
@@ -535,6 +629,8 @@ def fit_policy(
         "policies": policies,
         "best_heuristic": best_heur,
         "fold_taus": fold_taus,
+        "fold_cost_caps": fold_caps,
+        "cost_cap": cap,
         "heuristic_params": heur_params.get(best_heur, []),
     }
     if targets["q"].binary and np.unique(targets["q"].y).size == 2:
@@ -542,7 +638,7 @@ def fit_policy(
 
         metrics["q_auc"] = float(roc_auc_score(targets["q"].y, oof["q"]))
     metrics["k_rmse"] = float(np.sqrt(np.mean((oof["k"] - targets["k"].y) ** 2)))
-    safety = _shipped_safety(min_turns)
+    safety = _shipped_safety(min_turns, cap, dp.cost_unit)
     chosen = "learned" if ship_model else best_heur
     guard = {
         "learned_cv_value": learned_value,
@@ -606,11 +702,11 @@ def _version(manifest: Mapping[str, Any]) -> str:
     return f"{manifest.get('kind')}-{manifest.get('method')}-{time.strftime('%Y%m%d%H%M%S')}-{digest}"
 
 
-def _shipped_safety(min_turns: int) -> Any:
-    """Safety nets shipped with a learned model: the loop detector and min_turns; budgets per request."""
-    from stopserve.safety import SafetyConfig
+def _shipped_safety(min_turns: int, cap: float | None, cost_unit: str) -> Any:
+    """Safety nets shipped with a learned model: the loop detector, min_turns, and the tuned cost cap."""
+    from training.heuristics import HeuristicRule
 
-    return SafetyConfig(min_turns=min_turns)
+    return HeuristicRule(cost_cap=cap, loop=True, min_turns=min_turns).to_safety_config(cost_unit)
 
 
 def _progress(total: int, desc: str, enabled: bool) -> Any:

@@ -22,7 +22,7 @@ FAST = {"folds": 3, "max_rounds": 30, "early_stopping": 5}
 
 @pytest.fixture(scope="module")
 def dp():  # type: ignore[no-untyped-def]
-    return build_decision_points(synth_traces(100, seed=2))
+    return build_decision_points(synth_traces(160, seed=2))
 
 
 def test_learned_policy_beats_heuristics_on_a_learnable_signal(dp) -> None:  # type: ignore[no-untyped-def]
@@ -38,7 +38,7 @@ def test_learned_policy_beats_heuristics_on_a_learnable_signal(dp) -> None:  # t
     top = list(result.importance)[:10]
     assert any(("error" in n or "ident" in n or "ref" in n or "same" in n) for n in top), top
     m = result.manifest
-    assert m["training_data"]["n_traces"] == 100 and len(m["training_data"]["sha256"]) == 64
+    assert m["training_data"]["n_traces"] == 160 and len(m["training_data"]["sha256"]) == 64
     assert m["guard"]["shipped"] == "learned model"
     assert m["models"]["q"]["calibration"] is not None  # binary outcome: calibrated
     assert result.timings["lightgbm_train_s"] > 0

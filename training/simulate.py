@@ -446,18 +446,81 @@ def solve(model: TopologyModel, lam: float) -> OptimalRule:
 
 
 @dataclass
+class _Skeleton:
+    """A run's course round by round, drawn from its own random stream: everything that
+    decides where any rule stops and how many decision points there are, and nothing else."""
+
+    states: list[tuple[int, int, int, int]]  # (mu, m, n, z) after each round
+    present: list[tuple[bool, ...] | None]  # per working round, which groups ran (None: stuck)
+    proposals: list[bool]
+    dp_per_round: list[int]
+
+    def dp_total(self) -> int:
+        return sum(self.dp_per_round)
+
+    def round_of_dp(self, count: int) -> int:
+        """The round (1-based) holding the ``count``-th decision point."""
+        seen = 0
+        for k, per in enumerate(self.dp_per_round, start=1):
+            seen += per
+            if seen >= count:
+                return k
+        return len(self.dp_per_round)
+
+
+def _skeleton(model: TopologyModel, rng: random.Random, ceiling: int) -> _Skeleton:
+    comp = _compiled(model)
+    rand = rng.random
+    states: list[tuple[int, int, int, int]] = []
+    present: list[tuple[bool, ...] | None] = []
+    proposals: list[bool] = []
+    dp_per_round: list[int] = []
+    mu = best = n_best = 0
+    stuck = False
+    for k in range(1, model.rounds + 1):
+        if k == 1:
+            mu = _pick(rng, model.init)
+            best, n_best = mu, 0
+        else:
+            stuck = rand() < (model.p_stay_stuck if stuck else model.p_stuck)
+            if not stuck:
+                u = rand()
+                pd = model.p_down if mu > 0 else 0.0
+                pu = model.up(mu) if mu < ceiling else 0.0
+                if u < pd:
+                    mu -= 1
+                elif u < pd + pu:
+                    mu += 1
+                    if mu > best:
+                        best, n_best = mu, 0
+                elif mu == best:
+                    n_best += 1
+        if stuck:
+            present.append(None)
+            dps = comp.stuck_dps
+        else:
+            mask = tuple(p >= 1.0 or rand() < p for p, _ in comp.round)
+            present.append(mask)
+            dps = sum(n for ran, n in zip(mask, comp.round_dps, strict=True) if ran)
+        value = mu / model.levels
+        proposed = rand() < model.p_propose + model.p_propose_good * max(0.0, value - 0.5) * 2.0
+        states.append((mu, best, n_best, int(stuck)))
+        proposals.append(proposed)
+        dp_per_round.append(dps + 2 + proposed)  # + aggregate, reward (+ proposal)
+    return _Skeleton(states, present, proposals, dp_per_round)
+
+
+@dataclass
 class _Run:
     events: list[dict[str, Any]]
     dp: list[int]  # indices of decision-point events
     dp_grade: list[float]  # grade in force at each decision point
     round_end: list[int]  # last event of each round (index k-1 for round k)
-    round_state: list[tuple[int, int, int, int]]  # (mu, m, n, z) after each round
+    round_reward: list[int]  # the reward event of each round
     round_grade: list[float]
     round_tokens: list[int]  # tokens up to and including each round's last event
     first_return: int
     first_return_tokens: int
-    proposals: list[int]
-    rewards: list[tuple[int, float]]
 
 
 _IDS: Final[list[str]] = [f"e{i}" for i in range(4096)]
@@ -507,27 +570,31 @@ def _slot(spec: Spec, model: TopologyModel) -> _Slot:
 class _Compiled:
     spawns: tuple[_Slot, ...]
     round: tuple[tuple[float, tuple[_Slot, ...]], ...]
+    round_dps: tuple[int, ...]  # decision points per group
     stuck: tuple[_Slot, ...]
+    stuck_dps: int
     aggregate: _Slot
-    orch_nano: int
 
 
-_COMPILED: dict[str, _Compiled] = {}
+_COMPILED: dict[int, _Compiled] = {}
 
 
 def _compiled(model: TopologyModel) -> _Compiled:
-    c = _COMPILED.get(model.name)
-    if c is None or model is not _MODELS.get(model.name):
+    c = _COMPILED.get(id(model))
+    if c is None:
         lo, hi = model.spawn_tokens
+        groups = tuple((g.p, tuple(_slot(s, model) for s in g.events)) for g in model.round)
+        stuck = tuple(_slot(s, model) for s in model.stuck_round)
         c = _Compiled(
             tuple(_slot(Spec("spawn", _ORCH, to=w, lo=lo, hi=hi), model) for w in model.workers),
-            tuple((g.p, tuple(_slot(s, model) for s in g.events)) for g in model.round),
-            tuple(_slot(s, model) for s in model.stuck_round),
+            groups,
+            tuple(sum(s.dp for s in slots) for _, slots in groups),
+            stuck,
+            sum(s.dp for s in stuck),
             _slot(model.aggregate, model),
-            round(model.usd_per_token[0] * 1e9),
         )
-        if model is _MODELS.get(model.name):
-            _COMPILED[model.name] = c
+        if model is _MODELS.get(model.name):  # cache the shipped models only (ids of others recycle)
+            _COMPILED[id(model)] = c
     return c
 
 
@@ -549,10 +616,11 @@ def _pick(rng: random.Random, probs: Sequence[float]) -> int:
     return len(probs) - 1
 
 
-def _generate(
-    model: TopologyModel, rng: random.Random, ceiling: int, noise: float, until: _Stopper | None
+def _materialize(
+    model: TopologyModel, skel: _Skeleton, rng: random.Random, noise: float, rounds: int
 ) -> _Run:
-    """One run, round by round, to the hard cap or until ``until`` says nothing more is needed.
+    """The events of the first ``rounds`` rounds of ``skel``; details (tokens, times, refs,
+    errors, grade deviations) from ``rng``.
 
     Written for speed (this loop is the simulator's cost): plain dicts, integer
     milliseconds and nano-dollars, no pydantic; the tests validate the output.
@@ -603,35 +671,16 @@ def _generate(
         emit(slot, None, False)
     levels = model.levels
     round_end: list[int] = []
-    round_state: list[tuple[int, int, int, int]] = []
+    round_reward: list[int] = []
     round_grade: list[float] = []
     round_tokens: list[int] = []
-    proposals: list[int] = []
-    rewards: list[tuple[int, float]] = []
-    mu = best = n_best = 0
-    stuck = False
     agg_ref = ""
     loop_refs: list[str] = []
     loop_errors: list[bool] = []
-    for k in range(1, model.rounds + 1):
-        if k == 1:
-            mu = _pick(rng, model.init)
-            best, n_best = mu, 0
-        else:
-            stuck = rand() < (model.p_stay_stuck if stuck else model.p_stuck)
-            if not stuck:
-                u = rand()
-                pd = model.p_down if mu > 0 else 0.0
-                pu = model.up(mu) if mu < ceiling else 0.0
-                if u < pd:
-                    mu -= 1
-                elif u < pd + pu:
-                    mu += 1
-                    if mu > best:
-                        best, n_best = mu, 0
-                elif mu == best:
-                    n_best += 1
-        if stuck:
+    for k in range(rounds):
+        mu = skel.states[k][0]
+        mask = skel.present[k]
+        if mask is None:
             if not loop_refs:
                 loop_refs = [f"{bits(48):012x}" for _ in comp.stuck]
                 loop_errors = [s.tool and rand() < 0.7 for s in comp.stuck]
@@ -639,8 +688,8 @@ def _generate(
                 emit(slot, ref, err)
         else:
             loop_refs = []
-            for p, slots in comp.round:
-                if p < 1.0 and rand() >= p:
+            for ran, (_, slots) in zip(mask, comp.round, strict=True):
+                if not ran:
                     continue
                 for slot in slots:
                     if slot.ref:
@@ -649,90 +698,71 @@ def _generate(
                     else:
                         emit(slot, None, False)
             agg_ref = f"{bits(48):012x}"
-        # the aggregate's grade is the answer's, so it is set before the aggregate counts as a dp
-        if not stuck:
+            # a new answer: its grade is set before the aggregate counts as a decision point
             q = _grade(rng, mu / levels, noise)
         emit(comp.aggregate, agg_ref, False)
         events[-1]["grade"] = q
         value = mu / levels
-        rewards.append(
-            (
-                info("reward", _VERIFIER, {"tokens": 0, "usd": 0.0, "value": value, "channel": "quality"}),
-                value,
-            )
+        round_reward.append(
+            info("reward", _VERIFIER, {"tokens": 0, "usd": 0.0, "value": value, "channel": "quality"})
         )
-        if rand() < model.p_propose + model.p_propose_good * max(0.0, value - 0.5) * 2.0:
-            extra = {"tokens": 0, "usd": 0.0, "reason": "information_complete", "proposed": True}
-            proposals.append(info("stop", _ORCH, extra))
+        if skel.proposals[k]:
+            info("stop", _ORCH, {"tokens": 0, "usd": 0.0, "reason": "information_complete", "proposed": True})
         round_end.append(len(events) - 1)
-        round_state.append((mu, best, n_best, int(stuck)))
         round_grade.append(q)
         round_tokens.append(tokens_total)
-        if until is not None and until.done(k, round_state[-1], len(dp), value, bool(proposals)):
-            break
     return _Run(
         events,
         dp,
         dp_grade,
         round_end,
-        round_state,
+        round_reward,
         round_grade,
         round_tokens,
         first_return,
         first_return_tokens,
-        proposals,
-        rewards,
     )
 
 
-@dataclass
-class _Stopper:
-    """Tells the generator when the behavior and optimal stops are both on the path."""
-
-    behavior: int
-    param: float
-    rule: OptimalRule | None
-    behavior_done: bool = False
-    optimal_done: bool = False
-
-    def done(
-        self, k: int, state: tuple[int, int, int, int], n_dp: int, reward: float, proposed: bool
-    ) -> bool:
-        if not self.behavior_done:
-            if self.behavior == 0:
-                self.behavior_done = n_dp >= self.param
-            elif self.behavior == 1:
-                self.behavior_done = reward >= self.param
-            else:
-                self.behavior_done = proposed
-        if self.rule is None or self.rule.stop_first:
-            self.optimal_done = True
-        elif not self.optimal_done:
-            self.optimal_done = bool(self.rule.stop[(k, *state)])
-        return self.behavior_done and self.optimal_done
-
-
-def _behavior_stop(run: _Run, behavior: int, param: float) -> tuple[int, str, str]:
-    """Index of the event after which the behavior stops, the stop reason, and who stopped."""
-    if behavior == 0 and param <= len(run.dp):
-        return run.dp[int(param) - 1], "budget_exhausted", "safety_net"
+def _behavior_stop(
+    model: TopologyModel, skel: _Skeleton, behavior: int, param: float
+) -> tuple[int, str, str, str]:
+    """Where the behavior stops: (round, 1-based; the event in it: "dp", "reward",
+    "proposal" or "cap"; stop reason; who stopped)."""
+    if behavior == 0 and param <= skel.dp_total():
+        return skel.round_of_dp(int(param)), "dp", "budget_exhausted", "safety_net"
     if behavior == 1:
-        for i, value in run.rewards:
-            if value >= param:
-                return i, "quality_met", "orchestrator"
-    if behavior == 2 and run.proposals:
-        return run.proposals[0], "information_complete", "orchestrator"
-    return run.round_end[-1], "budget_exhausted", "safety_net"
+        for k, (mu, *_) in enumerate(skel.states, start=1):
+            if mu / model.levels >= param:
+                return k, "reward", "quality_met", "orchestrator"
+    if behavior == 2 and any(skel.proposals):
+        return skel.proposals.index(True) + 1, "proposal", "information_complete", "orchestrator"
+    return model.rounds, "cap", "budget_exhausted", "safety_net"
 
 
-def _optimal_stop(run: _Run, rule: OptimalRule) -> tuple[int, float, int]:
-    """Where the optimal rule stops on this path: event index, grade there, tokens so far."""
+def _stop_index(run: _Run, k: int, where: str, param: float) -> int:
+    if where == "dp":
+        return run.dp[int(param) - 1]
+    if where == "reward":
+        return run.round_reward[k - 1]
+    return run.round_end[k - 1]
+
+
+def _optimal_round(skel: _Skeleton, rule: OptimalRule) -> int:
+    """The round after which the optimal rule stops; 0 for round 1's first return."""
     if rule.stop_first:
-        return run.first_return, 0.0, run.first_return_tokens
-    for k, state in enumerate(run.round_state, start=1):
+        return 0
+    for k, state in enumerate(skel.states, start=1):
         if rule.stop[(k, *state)]:
-            return run.round_end[k - 1], run.round_grade[k - 1], run.round_tokens[k - 1]
+            return k
     raise AssertionError("the optimal rule always stops by the hard cap")  # pragma: no cover
+
+
+def _optimal_stop(run: _Run, k: int) -> tuple[int, float, int]:
+    """Where the optimal rule stops (round ``k``): event index, grade there, tokens so far."""
+    if k == 0:
+        return run.first_return, 0.0, run.first_return_tokens
+    return run.round_end[k - 1], run.round_grade[k - 1], run.round_tokens[k - 1]
 
 
 def _task_plan(n: int, seed: int, topology: str) -> Iterator[tuple[int, str, int]]:
@@ -784,11 +814,18 @@ def simulate(
             param = round(0.5 + 0.4 * rng.random(), 2)
         else:
             param = 0.0
+        skel = _skeleton(model, rng, model.ceiling(difficulty))
+        stop = _behavior_stop(model, skel, behavior, param)
         rule = rules.get(topo)
-        until = None if run_to_cap else _Stopper(behavior, param, rule)
-        run = _generate(model, rng, model.ceiling(difficulty), noise, until)
+        opt_round = -1 if rule is None else _optimal_round(skel, rule)
+        rounds = model.rounds if run_to_cap else max(stop[0], opt_round, 1)
+        detail = random.Random(f"stopserve-sim:{seed}:{i}:detail")
+        run = _materialize(model, skel, detail, noise, rounds)
         yield _finish(
             run,
+            skel,
+            stop,
+            opt_round,
             i=i,
             seed=seed,
             task=task,
@@ -804,6 +841,9 @@ def simulate(
 
 def _finish(
     run: _Run,
+    skel: _Skeleton,
+    stop_at: tuple[int, str, str, str],
+    opt_round: int,
     *,
     i: int,
     seed: int,
@@ -822,7 +862,9 @@ def _finish(
         "task_difficulty": float(difficulty),
         "quality_ceiling": model.ceiling(difficulty) / model.levels,
     }
-    b_stop, reason, by = _behavior_stop(run, behavior, param)
+    k_stop, where, reason, by = stop_at
+    b_stop = _stop_index(run, k_stop, where, param)
+    max_turns = int(param) if where == "dp" else skel.dp_total()  # the cap in force, in decision points
     if run_to_cap:
         end, reason, by = run.round_end[-1], "budget_exhausted", "safety_net"
         metrics["behavior_stop_index"] = float(b_stop)
@@ -830,14 +872,12 @@ def _finish(
         events = run.events
         for j, grade in zip(run.dp, run.dp_grade, strict=True):
             events[j]["grade"] = grade
-        max_turns = len(run.dp)
+        max_turns = skel.dp_total()
     else:
         end = b_stop
         events = run.events[: end + 1]
-        n_dp = sum(1 for j in run.dp if j <= end)
-        max_turns = int(param) if behavior == 0 and reason == "budget_exhausted" else n_dp
     if rule is not None:
-        opt, q_opt, c_opt = _optimal_stop(run, rule)
+        opt, q_opt, c_opt = _optimal_stop(run, opt_round)
         metrics["optimal_value"] = q_opt - rule.lam * (c_opt / 1000.0)
         metrics["optimal_lambda"] = rule.lam
         metrics["optimal_stop_index"] = float(opt)

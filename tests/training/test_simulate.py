@@ -61,6 +61,28 @@ def test_optimal_only_adds_metrics() -> None:
         assert {k: v for k, v in o["metrics"].items() if not k.startswith("optimal")} == p["metrics"]
 
 
+def test_logged_run_is_a_prefix_of_its_run_to_cap_twin() -> None:
+    """Same seed: the behavior-logged trace is the run-to-cap trace cut at the behavior's stop,
+    and the budget is the same cap in both (never the stop point itself, which would leak it)."""
+    logged = _traces(80, 4)
+    full = _traces(80, 4, run_to_cap=True)
+    chosen = 0
+    for a, b in zip(logged, full, strict=True):
+        cut = len(a["events"]) - 1  # the final stop event
+        assert int(b["metrics"]["behavior_stop_index"]) == cut - 1
+        for ea, eb in zip(a["events"][:cut], b["events"][:cut], strict=True):
+            keep = ea["type"] == "aggregate"
+            assert ea == (eb if keep else {k: v for k, v in eb.items() if k != "grade"})
+        assert a["rewards"]["team"] == b["events"][cut - 1]["grade"]
+        if a["metrics"]["behavior_policy"] != 0:
+            assert a["budget"] == b["budget"]
+        if a["stop"]["reason"] in ("quality_met", "information_complete"):
+            dps = sum(e["type"] in _DP_TYPES or bool(e.get("proposed")) for e in a["events"])
+            assert a["budget"]["max_turns"] >= dps
+            chosen += a["budget"]["max_turns"] > dps
+    assert chosen > 10
+
+
 @pytest.mark.parametrize("extra", [(), ("--optimal", "--lambda", "1"), ("--run-to-cap", "--lambda", "0.1")])
 def test_output_validates_against_format_v1(tmp_path: Path, extra: tuple[str, ...]) -> None:
     out = tmp_path / "sim.jsonl"
@@ -225,8 +247,10 @@ def test_tiny_model_simulated_value_matches_dp() -> None:
     for i in range(3000):
         rng = sim.random.Random(f"tiny:{i}")
         ceiling = model.ceiling(sim._pick(rng, model.difficulty))
-        run = sim._generate(model, rng, ceiling, 0.0, None)
-        _, q, c = sim._optimal_stop(run, rule)
+        skel = sim._skeleton(model, rng, ceiling)
+        k = sim._optimal_round(skel, rule)
+        run = sim._materialize(model, skel, rng, 0.0, max(k, 1))
+        _, q, c = sim._optimal_stop(run, k)
         rng_values.append(q - 1.0 * c / 1000)
     values = np.array(rng_values)
     se = values.std() / math.sqrt(len(values))
@@ -349,8 +373,7 @@ def test_model_changes_reach_the_generator() -> None:
     calm = replace(model_for("centralized"), p_stuck=0.0, p_down=0.0)
     for i in range(100):
         rng = sim.random.Random(i)
-        run = sim._generate(calm, rng, calm.ceiling(2), 0.1, None)
-        states = run.round_state
+        states = sim._skeleton(calm, rng, calm.ceiling(2)).states
         assert all(z == 0 for *_, z in states)
         assert all(b[0] >= a[0] for a, b in itertools.pairwise(states))
 

@@ -248,8 +248,7 @@ class _LocalRun:
     """What the client keeps per run: the folded state and events the service has not confirmed."""
 
     state: RunState
-    pending: list[dict[str, Any]] = field(default_factory=list)
-    pending_ids: set[str] = field(default_factory=set)
+    pending: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> event, in order
     dropped: int = 0
 
 
@@ -322,30 +321,27 @@ class _Core:
             new: list[Event] = []
             ids: set[str] = set()
             for event in parsed:
-                if event.id in ids or event.id in run.pending_ids or run.state.seen(event.id):
+                if event.id in ids or event.id in run.pending or run.state.seen(event.id):
                     continue  # a retry: the id is already folded (and queued or delivered)
                 ids.add(event.id)
                 new.append(event)
             run.state.fold_many(new)  # checks the whole batch before folding any of it
             for event in new:
-                run.pending.append(event.dump())
-                run.pending_ids.add(event.id)
+                run.pending[event.id] = event.dump()
             if len(run.pending) > self.max_pending:
                 # the service has been away a long time: keep the newest events, bounded memory
                 cut = len(run.pending) - self.max_pending
-                for gone in run.pending[:cut]:
-                    run.pending_ids.discard(gone["id"])
-                del run.pending[:cut]
+                for gone in list(run.pending)[:cut]:
+                    del run.pending[gone]
                 run.dropped += cut
                 log.warning("stopserve: run %s: dropped %d unsent events (service away)", run_id, cut)
         return run
 
-    def sent(self, run: _LocalRun, n: int) -> None:
-        """The service confirmed the first ``n`` pending events."""
+    def sent(self, run: _LocalRun, ids: Iterable[str]) -> None:
+        """The service took these events (or refused them for good): stop resending them."""
         with self._lock:
-            for gone in run.pending[:n]:
-                run.pending_ids.discard(gone["id"])
-            del run.pending[:n]
+            for gone in ids:
+                run.pending.pop(gone, None)
 
     def forget(self, run_id: str) -> None:
         with self._lock:
@@ -372,7 +368,9 @@ class _Core:
         proposed_stop: bool,
         extra: Mapping[str, Any],
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"events": list(run.pending), "proposed_stop": proposed_stop}
+        with self._lock:
+            events = list(run.pending.values())
+        body: dict[str, Any] = {"events": events, "proposed_stop": proposed_stop}
         b = _as_budget(budget) or self.budget
         if b is not None:
             body["budget"] = b.model_dump(exclude_none=True)
@@ -450,7 +448,7 @@ def _outcome_body(
     costs: Mapping[str, float] | None,
     metrics: Mapping[str, float] | None,
 ) -> dict[str, Any]:
-    pending = list(run.pending) if run is not None else []
+    pending = list(run.pending.values()) if run is not None else []
     seen = {e["id"] for e in pending}
     for i, item in enumerate(events):
         event = _as_event(item, i)
@@ -601,7 +599,7 @@ class StopClient:
             proposed_stop=proposed_stop,
             extra={"task_id": task_id, "system": system},
         )
-        n_sent = len(body["events"])
+        sent = [e["id"] for e in body["events"]]
         try:
             data = self._request("POST", _run_path(run_id) + "/decide", body, f"decide {run_id!r}")
             decision = DecideResponse.model_validate(data)
@@ -611,11 +609,13 @@ class StopClient:
             core.mark_down("unexpected response")
             return core.local_decision(run_id, run, cfg, proposed_stop)
         except StopServeError as exc:
+            if isinstance(exc, RunClosedError | RunLimitError):
+                core.sent(run, sent)  # the service will never take them: do not resend forever
             if core.raise_on_client_error:
                 raise
             log.warning("stopserve: %s; deciding locally", exc)
             return core.local_decision(run_id, run, cfg, proposed_stop)
-        core.sent(run, n_sent)
+        core.sent(run, sent)
         return decision
 
     def outcome(
@@ -807,7 +807,7 @@ class AsyncStopClient:
             proposed_stop=proposed_stop,
             extra={"task_id": task_id, "system": system},
         )
-        n_sent = len(body["events"])
+        sent = [e["id"] for e in body["events"]]
         try:
             data = await self._request("POST", _run_path(run_id) + "/decide", body, f"decide {run_id!r}")
             decision = DecideResponse.model_validate(data)
@@ -817,11 +817,13 @@ class AsyncStopClient:
             core.mark_down("unexpected response")
             return core.local_decision(run_id, run, cfg, proposed_stop)
         except StopServeError as exc:
+            if isinstance(exc, RunClosedError | RunLimitError):
+                core.sent(run, sent)  # the service will never take them: do not resend forever
             if core.raise_on_client_error:
                 raise
             log.warning("stopserve: %s; deciding locally", exc)
             return core.local_decision(run_id, run, cfg, proposed_stop)
-        core.sent(run, n_sent)
+        core.sent(run, sent)
         return decision
 
     async def outcome(

@@ -179,3 +179,25 @@ def test_train_command_refuses_traces_without_outcome(
     code = main(["train", str(path), "-o", str(tmp_path / "m"), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and "no outcome" in err and "Traceback" not in err
+
+
+def test_tau_tuning_matches_brute_force(dp) -> None:  # type: ignore[no-untyped-def]
+    from training import fit
+
+    rng = np.random.default_rng(1)
+    v = rng.normal(size=dp.n_rows)
+    allowed = dp.turn >= 2
+    extra = rng.random(dp.n_rows) < 0.02
+    tau, value = fit._tune_tau(dp, v, allowed, extra, 0.7)
+    base = replay(dp, extra, 0.7).value
+    best_score, best_value = 0.0, float(base.mean())
+    for h in np.unique(v):
+        values = replay(dp, ((v < h + 1e-9) & allowed) | extra, 0.7).value
+        gain = values - base
+        score = gain.mean() - fit.PESSIMISM * gain.std() / np.sqrt(gain.size)
+        if score > best_score + 1e-12:
+            best_score, best_value = score, float(values.mean())
+    assert value == pytest.approx(best_value)
+    if np.isfinite(tau):
+        got = replay(dp, ((v < -tau) & allowed) | extra, 0.7).mean_value
+        assert got == pytest.approx(value)

@@ -42,6 +42,7 @@ try:
         StopMessage,
         ToolCallExecutionEvent,
         ToolCallRequestEvent,
+        ToolCallSummaryMessage,
     )
     from autogen_core import Component
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -64,6 +65,7 @@ class StopServeTerminationConfig(BaseModel):
     task_id: str | None = None
     system: str = "autogen"
     run_prefix: str = "autogen-"
+    replies_as_turns: bool = False
 
 
 def _tokens(message: BaseAgentEvent | BaseChatMessage) -> int | None:
@@ -74,9 +76,13 @@ def _tokens(message: BaseAgentEvent | BaseChatMessage) -> int | None:
 
 
 def events_from_messages(
-    messages: Sequence[BaseAgentEvent | BaseChatMessage], clock: RunClock
+    messages: Sequence[BaseAgentEvent | BaseChatMessage], clock: RunClock, *, replies_as_turns: bool = False
 ) -> list[Event]:
-    """Format-v1 events for AutoGen messages (ids derive from message ids: retries are idempotent)."""
+    """Format-v1 events for AutoGen messages (ids derive from message ids: retries are idempotent).
+
+    ``replies_as_turns`` maps an agent's text reply to ``return`` (it hands its turn back
+    to the team) instead of ``communicate``, so text-only teams count turns too.
+    """
     out: list[dict[str, Any]] = []
     for message in messages:
         t = clock.at(message.created_at)
@@ -125,6 +131,8 @@ def events_from_messages(
             }
             if message.source == "user":
                 item["role"] = "human"
+            elif replies_as_turns and not isinstance(message, ToolCallSummaryMessage | StopMessage):
+                item["type"] = "return"
             items.append(item)
         else:
             continue  # thoughts, streaming chunks, speaker selection: no action to count
@@ -158,6 +166,10 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
     ``safety`` go with every request (``safety`` also drives the local fail-safe).
     When the service is unreachable the condition keeps working on local safety
     nets: it never raises into the team because its sidecar is down.
+
+    Turns are counted at decision points (tool and code results). In a text-only
+    team every message is ``communicate`` and no turn passes; ``replies_as_turns=True``
+    counts each agent reply as a turn (mapped to ``return``), so ``max_turns`` applies.
     """
 
     component_config_schema = StopServeTerminationConfig
@@ -175,6 +187,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         task_id: str | None = None,
         system: str = "autogen",
         run_prefix: str = "autogen-",
+        replies_as_turns: bool = False,
     ) -> None:
         self._config = StopServeTerminationConfig(
             url=url,
@@ -186,6 +199,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
             task_id=task_id,
             system=system,
             run_prefix=run_prefix,
+            replies_as_turns=replies_as_turns,
         )
         self.client = AsyncStopClient(
             url,
@@ -220,7 +234,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
             self._clock = RunClock()
         run_id = self._run_id
         self.last_run_id = run_id
-        events = events_from_messages(messages, self._clock)
+        events = events_from_messages(messages, self._clock, replies_as_turns=self._config.replies_as_turns)
         decision = await self.client.decide(
             run_id, events, task_id=self._config.task_id, system=self._config.system
         )

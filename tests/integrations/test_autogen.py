@@ -168,3 +168,25 @@ def test_server_killed_mid_run_team_finishes_on_local_nets(tmp_path: Path) -> No
     assert "degraded" in result.stop_reason
     assert stop.last_decision is not None and stop.last_decision.degraded and stop.last_decision.turn == 4
     assert seen[:kill_after] == [False, False]
+
+
+def test_text_only_team_counts_replies_as_turns(server: LiveServer) -> None:
+    def writer(name: str) -> AssistantAgent:
+        replies = [f"{name} draft {i}" for i in range(10)]
+        return AssistantAgent(name, model_client=ReplayChatCompletionClient(replies))
+
+    plain = StopServeTermination(server.url, safety={"max_turns": 2}, timeout=2.0)
+    turns = StopServeTermination(server.url, safety={"max_turns": 2}, timeout=2.0, replies_as_turns=True)
+
+    async def main(cond: TerminationCondition) -> TaskResult:
+        team = RoundRobinGroupChat([writer("writer"), writer("critic")], termination_condition=cond)
+        return await team.run(task="write a haiku")
+
+    # text messages are communicate: no decision point, max_turns never fires; the outer net does
+    result = asyncio.run(main(plain | MaxMessageTermination(6)))
+    assert result.stop_reason is not None and "Maximum number of messages" in result.stop_reason
+    result = asyncio.run(main(turns | MaxMessageTermination(6)))
+    assert result.stop_reason is not None and "max_turns" in result.stop_reason
+    assert [m.source for m in result.messages] == ["user", "writer", "critic"]
+    events = events_from_messages(result.messages, RunClock(), replies_as_turns=True)
+    assert [e.type for e in events] == ["communicate", "return", "return"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import tiny_model
+from _service_models import tiny_model
 from fastapi.testclient import TestClient
 
 from stopserve.service.app import create_app

@@ -322,3 +322,22 @@ def test_serve_command_errors_are_one_line(
     assert main(["serve", "--no-model"]) == 2
     err = capsys.readouterr().err
     assert "STOPSERVE_FSYNC" in err and "Traceback" not in err
+
+
+def test_concurrent_retries_of_one_run_are_serialized(client: TestClient, tmp_path: Path) -> None:
+    body = {"events": turn_events(0)}
+    answers: list[dict[str, Any]] = []
+    barrier = threading.Barrier(8)
+
+    def send() -> None:
+        barrier.wait()
+        answers.append(client.post("/v1/runs/same/decide", json=body).json())
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 8 and {a["turn"] for a in answers} == {1}
+    assert sorted(a["events_accepted"] for a in answers) == [0] * 7 + [2]
+    assert len(lines(tmp_path / "logs" / "decisions.jsonl")) == 1

@@ -265,6 +265,10 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
             stop = stop_of(d.reason, d.safety_net, d.limit)
         return await self.client.outcome(target, rewards, stop=stop)
 
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool."""
+        await self.client.aclose()
+
     def _to_config(self) -> StopServeTerminationConfig:
         return self._config.model_copy()
 

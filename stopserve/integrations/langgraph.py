@@ -269,3 +269,7 @@ class StopServeRouter:
         if stop is None and d is not None and d.action == "stop":
             stop = stop_of(d.reason, d.safety_net, d.limit)
         return self.client.outcome(run_id, rewards, stop=stop)
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self.client.close()

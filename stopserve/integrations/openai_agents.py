@@ -235,6 +235,10 @@ class StopServeHooks(RunHooks[Any]):
             self._run_id = None
         return await self.client.outcome(target, rewards, stop=stop)
 
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool."""
+        await self.client.aclose()
+
 
 async def _original_behavior(
     behavior: Any, context: RunContextWrapper[Any], results: list[FunctionToolResult]

@@ -96,6 +96,7 @@ def test_team_stops_when_the_service_says_so(server: LiveServer) -> None:
     async def main() -> tuple[TaskResult, object]:
         result = await team.run(task="fix the failing test")
         out = await stop.outcome({"team": 1.0})
+        await stop.aclose()
         return result, out
 
     result, out = asyncio.run(main())

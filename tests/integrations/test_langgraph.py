@@ -95,6 +95,7 @@ def test_graph_ends_when_the_service_says_stop(server: LiveServer) -> None:
     assert last.response_metadata["stopserve"]["turn"] == 2
     assert sum(isinstance(m, ToolMessage) for m in state["messages"]) == 2
     out = router.outcome({"team": 1.0}, config=config)
+    router.close()
     assert out is not None
     trace = next(t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == "langgraph-lg-1")
     assert [e.type for e in trace.events].count("return") == 2

@@ -62,6 +62,7 @@ def test_run_ends_cleanly_with_final_output_on_stop(server: LiveServer) -> None:
     async def main() -> Any:
         result = await Runner.run(agent, "fix it", hooks=hooks, max_turns=30, run_config=RUN_CONFIG)
         out = await hooks.outcome({"team": 1.0})
+        await hooks.aclose()
         return result, out
 
     result, out = asyncio.run(main())

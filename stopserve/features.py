@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 from collections import deque
 from collections.abc import Iterable
 from typing import Final
@@ -51,7 +52,7 @@ import numpy.typing as npt
 from stopserve.errors import Issue, TraceValidationError
 from stopserve.trace import EVENT_TYPES, TOPOLOGIES, Budget, Event
 
-__all__ = ["FEATURE_NAMES", "LOOP_PATTERNS", "RunState"]
+__all__ = ["CYCLE_MAX_PERIOD", "FEATURE_NAMES", "LOOP_PATTERNS", "RunState"]
 
 _NAN: Final = math.nan
 _INF: Final = math.inf
@@ -65,6 +66,12 @@ MAX_REF_CHARS: Final = 256
 #: Event ids kept per loop pattern for reports (the latest ones).
 LOOP_ID_WINDOW: Final = 64
 _MAX_CHANNELS: Final = 64
+#: Longest period (in events) the repeated-cycle counter looks for.
+CYCLE_MAX_PERIOD: Final = 24
+_SIG_POS_CAP: Final = 8 * CYCLE_MAX_PERIOD
+_FIELDS: Final = operator.itemgetter(
+    "id", "t", "tokens", "usd", "type", "agent", "content_ref", "tool", "to", "value", "error"
+)
 
 #: Loop patterns (names as reported by the safety net), after OpenHands' stuck detector.
 LOOP_PATTERNS: Final[tuple[str, ...]] = (
@@ -72,6 +79,7 @@ LOOP_PATTERNS: Final[tuple[str, ...]] = (
     "repeated_action_error",
     "monologue",
     "alternating_actions",
+    "repeated_cycle",
 )
 
 FEATURE_NAMES: Final[tuple[str, ...]] = (
@@ -109,6 +117,7 @@ FEATURE_NAMES: Final[tuple[str, ...]] = (
     "same_error_run",
     "monologue_run",
     "alternation_len",
+    "cycle_repeats",
     # consensus
     "consensus_share",
     "consensus_agents",
@@ -168,6 +177,8 @@ class RunState:
         "_consensus_freq",
         "_consensus_max",
         "_counts",
+        "_cyc_len",
+        "_cyc_period",
         "_err_consec",
         "_err_total",
         "_err_window",
@@ -198,6 +209,8 @@ class RunState:
         "_same_err_run",
         "_same_res_run",
         "_seen_window",
+        "_sig_pos",
+        "_sigs",
         "_tokens",
         "_tokens_at_turn",
         "_tokens_last_turn",
@@ -244,7 +257,8 @@ class RunState:
         self._err_window: deque[bool] = deque(maxlen=ERROR_WINDOW)
         # recency-ordered (a hit re-inserts); compacted to the newest ref_window at 2 x
         self._ref_counts: dict[str, int] = {}
-        self._refs_recent: deque[str | None] = deque(maxlen=REF_RATIO_WINDOW)
+        # long enough for both the distinct-ref ratio and the cycle's content check
+        self._refs_recent: deque[str | None] = deque(maxlen=max(REF_RATIO_WINDOW, CYCLE_MAX_PERIOD))
         self._last_ref: str | None = None
         self._ident_sig: tuple[str, str, str | None, str | None] | None = None
         self._ident_run = 0
@@ -259,6 +273,13 @@ class RunState:
         self._mono_agent: str | None = None
         self._mono_ref: str | None = None
         self._mono_ids: deque[str] = deque(maxlen=LOOP_ID_WINDOW)
+        # repeated cycle: event signatures of the last CYCLE_MAX_PERIOD events
+        # hashes of event signatures (a 64-bit collision is as likely as a cosmic ray)
+        self._sigs: deque[int] = deque(maxlen=CYCLE_MAX_PERIOD)
+        self._sig_pos: dict[int, int] = {}
+
+        self._cyc_period = 0
+        self._cyc_len = 0
         # consensus: latest return ref per agent
         self._agent_ret_ref: dict[str, str] = {}
         self._consensus_count: dict[str, int] = {}
@@ -290,9 +311,11 @@ class RunState:
         """
         batch = events if isinstance(events, list | tuple) else list(events)
         last_t = self._last_t
+        fresh: set[str] = set()
         for i, event in enumerate(batch):
-            if event.id in self._ids:
+            if event.id in self._ids or event.id in fresh:
                 continue
+            fresh.add(event.id)
             self._check(event, last_t, index=i)
             last_t = event.t
         folded = 0
@@ -320,14 +343,12 @@ class RunState:
     def fold(self, event: Event) -> bool:
         """Fold one event; ``False`` (nothing changed) when its id was folded recently."""
         # hot path (>= 300k events/s): locals, no numpy, no allocation that grows
-        eid = event.id
+        # one C call reads every field: pydantic attribute access costs ~3x a dict lookup
+        eid, t, tok, usd, kind, agent, ref, tool, to, value, err = _FIELDS(event.__dict__)
         ids = self._ids
         if eid in ids:
             return False
-        t = event.t
         last_t = self._last_t
-        tok = event.tokens
-        usd = event.usd
         # validated events pass in a few comparisons; constructed ones may carry anything
         if (
             not 0.0 <= t < _INF
@@ -341,8 +362,6 @@ class RunState:
         if len(ids) > self._seen_window << 1:
             self._ids = dict.fromkeys(list(ids)[-self._seen_window :])
 
-        kind = event.type
-        agent = event.agent
         self._n_events += 1
         self._counts[kind] += 1
         if last_t is not None:
@@ -357,7 +376,6 @@ class RunState:
             agents.add(agent)
         self._active_window.append(agent)
 
-        ref = event.content_ref
         if ref is not None:
             if len(ref) > MAX_REF_CHARS:
                 ref = _digest(ref)
@@ -366,7 +384,7 @@ class RunState:
             if len(counts) > self._ref_window << 1:
                 self._ref_counts = dict(list(counts.items())[-self._ref_window :])
             self._last_ref = ref
-            sig = (agent, kind, event.tool, ref)
+            sig = (agent, kind, tool, ref)
             if sig == self._ident_sig:
                 run = self._ident_run = self._ident_run + 1
                 self._ident_max = max(self._ident_max, run)
@@ -380,7 +398,26 @@ class RunState:
             self._ident_max = 1
         self._refs_recent.append(ref)
 
-        err = event.error
+        # repeated cycle: this event repeats the one `period` events back, as its predecessors did
+        csig = hash((agent, kind, tool, to, ref, value, err))
+        index = self._n_events - 1
+        period = self._cyc_period
+        if period and self._sigs[-period] == csig:
+            self._cyc_len += 1
+        else:
+            pos = self._sig_pos.get(csig)
+            if pos is not None and index - pos <= CYCLE_MAX_PERIOD:
+                self._cyc_period = index - pos
+                self._cyc_len = 1
+            elif period:
+                self._cyc_period = self._cyc_len = 0
+        self._sigs.append(csig)
+        positions = self._sig_pos
+        positions[csig] = index
+        if len(positions) > _SIG_POS_CAP:
+            cutoff = index - CYCLE_MAX_PERIOD
+            self._sig_pos = {k: v for k, v in positions.items() if v >= cutoff}
+
         if err is not None or kind == "return":
             if err:
                 self._err_window.append(True)
@@ -540,7 +577,7 @@ class RunState:
                 _share(self._usd, budget.max_usd),
             ]
         window = self._err_window
-        recent = self._refs_recent
+        recent = list(self._refs_recent)[-REF_RATIO_WINDOW:]
         n_recent = len(recent)
         distinct = len({r for r in recent if r is not None})
         n_agents_ret = len(self._agent_ret_ref)
@@ -578,6 +615,7 @@ class RunState:
             self._same_err_run,
             self._mono_run,
             self._alt_len,
+            self._cycle_repeats(),
             self._consensus_max / n_agents_ret if n_agents_ret else _NAN,
             n_agents_ret,
             _NAN if latest is None else latest,
@@ -658,7 +696,11 @@ class RunState:
         ``repeated_action_observation``: identical (action, result) pairs in a row;
         ``repeated_action_error``: the same action failing in a row;
         ``monologue``: the same message by one agent with nothing between;
-        ``alternating_actions``: actions in an A-B-A-B... alternation.
+        ``alternating_actions``: actions in an A-B-A-B... alternation;
+        ``repeated_cycle``: full repeats of the latest stretch of 2 to
+        ``CYCLE_MAX_PERIOD`` events (same agent, type, tool, recipient, content ref,
+        reward value and error flag), counted only when the stretch holds a content ref
+        and is not a single action with its result (``repeated_action_observation``).
         """
         if pattern == "repeated_action_observation":
             return self._same_res_run
@@ -668,12 +710,34 @@ class RunState:
             return self._mono_run
         if pattern == "alternating_actions":
             return self._alt_len
+        if pattern == "repeated_cycle":
+            return self._cycle_repeats()
         raise KeyError(pattern)
+
+    def _cycle_repeats(self) -> int:
+        """Full repeats of the current cycle; 0 unless some event in it carries a content ref."""
+        period = self._cyc_period
+        if period < 2:
+            return 0  # one event repeating: the monologue and identical-run counters' business
+        repeats = (self._cyc_len + period) // period
+        if repeats < 2:
+            return 0
+        if period == 2 and self._same_res_run >= 2:
+            return 0  # one action and its result: repeated_action_observation's business
+        refs = self._refs_recent
+        if any(refs[-k] is not None for k in range(1, period + 1)):
+            return repeats
+        return 0
 
     def loop_events(self, pattern: str) -> list[str]:
         """Ids of the events in the current run of ``pattern`` (the latest 64 at most)."""
         if pattern == "monologue":
             return list(self._mono_ids) if self._mono_run else []
+        if pattern == "repeated_cycle":
+            if not self._cycle_repeats():
+                return []
+            n = min(self._cyc_len + self._cyc_period, LOOP_ID_WINDOW)
+            return list(self._ids)[-n:]
         run = self.loop_run(pattern)
         pairs = list(self._pairs)[-run:] if run else []
         return [eid for pair in pairs for eid in pair[3]]

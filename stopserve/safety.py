@@ -77,7 +77,10 @@ class LoopConfig(BaseModel):
       times in a row;
     * ``repeated_action_error``: the same action failing this many times in a row;
     * ``monologue``: the same message by one agent this many times, nothing between;
-    * ``alternating_actions``: this many actions alternating A-B-A-B... (with results).
+    * ``alternating_actions``: this many actions alternating A-B-A-B... (with results);
+    * ``repeated_cycle``: the latest stretch of at most 24 events (any types, one holding a
+      content ref) repeated this many times in full, e.g. a debate round whose messages,
+      answer and score come back unchanged.
 
     An action is a ``tool_use`` event, identified by (agent, tool, content_ref); its
     result is the first ``return`` event after it (before the next ``tool_use``),
@@ -93,13 +96,14 @@ class LoopConfig(BaseModel):
     repeated_action_error: int = Field(default=3, ge=0)
     monologue: int = Field(default=3, ge=0)
     alternating_actions: int = Field(default=6, ge=0)
+    repeated_cycle: int = Field(default=3, ge=0)
 
     @field_validator("*", mode="before")
     @classmethod
     def _null_is_off(cls, value: Any) -> Any:
         return 0 if value is None else value
 
-    @field_validator("repeated_action_observation", "repeated_action_error", "monologue")
+    @field_validator("repeated_action_observation", "repeated_action_error", "monologue", "repeated_cycle")
     @classmethod
     def _at_least_two(cls, value: int) -> int:
         if value == 1:

@@ -351,3 +351,9 @@ def test_docs_table_lists_every_feature_in_order() -> None:
             cell = line.split("|")[2]
             names.extend(re.findall(r"`([a-z_0-9]+)`", cell))
     assert names == list(FEATURE_NAMES)
+
+
+def test_a_batch_repeating_an_earlier_event_is_fine() -> None:
+    s = RunState()
+    assert s.fold_many([ev(0, "return", t=1), ev(1, "return", t=2), ev(0, "return", t=1)]) == 2
+    assert s.turn == 2

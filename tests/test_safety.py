@@ -317,3 +317,46 @@ def test_a_real_run_made_to_loop_is_caught(swe_traces: list[Trace]) -> None:
     _turn, index, stop = found
     assert stop.pattern == "repeated_action_observation" and index == len(looped.events) - 1
     assert stop.events[-1] == "loop-r3"
+
+
+def _debate_round(state: RunState, start: int, refs: tuple[str, str, str], score: float) -> int:
+    i = start
+    state.fold(ev(i, "communicate", agent="d1", to="d2", content_ref=refs[0]))
+    state.fold(ev(i + 1, "communicate", agent="d2", to="d1", content_ref=refs[1]))
+    state.fold(ev(i + 2, "return", agent="d1", to="o", content_ref=refs[2]))
+    state.fold(ev(i + 3, "aggregate", agent="o", content_ref=refs[2]))
+    state.fold(ev(i + 4, "reward", agent="v", value=score))
+    return i + 5
+
+
+def test_a_debate_round_repeating_unchanged_is_a_cycle() -> None:
+    s = RunState(topology="debate")
+    i = _debate_round(s, 0, ("x1", "y1", "z1"), 0.4)
+    i = _debate_round(s, i, ("x2", "y2", "z2"), 0.5)  # progress: new content
+    i = _debate_round(s, i, ("x3", "y3", "z3"), 0.5)
+    i = _debate_round(s, i, ("x3", "y3", "z3"), 0.5)
+    assert SafetyConfig().check(s) is None and s.loop_run("repeated_cycle") == 2
+    i = _debate_round(s, i, ("x3", "y3", "z3"), 0.5)
+    stop = SafetyConfig().check(s)
+    assert stop is not None and stop.pattern == "repeated_cycle"
+    # round 2's score (e9) already matched: the periodic stretch starts there
+    assert stop.events == [f"e{j}" for j in range(9, 25)]
+    # one new message breaks it
+    _debate_round(s, i, ("x3", "y4", "z3"), 0.5)
+    assert s.loop_run("repeated_cycle") == 0 and SafetyConfig().check(s) is None
+
+
+def test_a_changing_score_is_progress_not_a_cycle() -> None:
+    s = RunState()
+    i = 0
+    for k in range(5):
+        i = _debate_round(s, i, ("x", "y", "z"), 0.1 * k)
+    assert s.loop_run("repeated_cycle") == 0
+
+
+def test_cycles_without_content_refs_do_not_count() -> None:
+    s = RunState()
+    for i in range(0, 30, 2):
+        s.fold(ev(i, "delegate", agent="o", to="w"))
+        s.fold(ev(i + 1, "return", agent="w"))
+    assert s.loop_run("repeated_cycle") == 0 and SafetyConfig().check(s) is None

@@ -33,12 +33,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import threading
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 from urllib.parse import quote
@@ -61,7 +63,7 @@ from stopserve.errors import (
 from stopserve.features import RunState
 from stopserve.policy import Policy
 from stopserve.safety import SafetyConfig
-from stopserve.trace import Budget, Event, Stop, StopReason, Topology
+from stopserve.trace import Budget, Event, Stop, StopReason, Topology, Trace, TraceWriter
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -250,6 +252,9 @@ class _LocalRun:
     state: RunState
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> event, in order
     dropped: int = 0
+    journal: list[dict[str, Any]] | None = None  # every event, kept only when spooling
+    task_id: str | None = None
+    system: str | None = None
 
 
 class _Core:
@@ -271,6 +276,8 @@ class _Core:
         max_runs: int,
         max_pending: int,
         headers: Mapping[str, str] | None,
+        spool: str | os.PathLike[str] | None = None,
+        max_journal: int = 10_000,
     ) -> None:
         if timeout <= 0:
             raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
@@ -289,6 +296,11 @@ class _Core:
         self.raise_on_client_error = raise_on_client_error
         self.max_runs = max_runs
         self.max_pending = max_pending
+        self.spool = Path(spool) if spool is not None else None
+        if self.spool is not None and not self.spool.name.endswith((".jsonl", ".jsonl.gz")):
+            raise ConfigError(f"spool must be a .jsonl file, got {str(spool)!r}")
+        self.max_journal = max_journal
+        self._spool_lock = threading.Lock()
         self.headers = dict(headers or {})
         self._runs: OrderedDict[str, _LocalRun] = OrderedDict()
         self._down_until = 0.0
@@ -313,11 +325,20 @@ class _Core:
                 run.state.set_budget(budget)
         return run
 
-    def fold(self, run_id: str, events: Iterable[EventLike], budget: BudgetLike | None) -> _LocalRun:
+    def fold(
+        self,
+        run_id: str,
+        events: Iterable[EventLike],
+        budget: BudgetLike | None,
+        task_id: str | None = None,
+        system: str | None = None,
+    ) -> _LocalRun:
         """Fold new events locally (ignoring seen ids) and queue them for the service."""
         parsed = [_as_event(e, i) for i, e in enumerate(events)]
         with self._lock:
             run = self.run(run_id, _as_budget(budget))
+            run.task_id = task_id or run.task_id
+            run.system = system or run.system
             new: list[Event] = []
             ids: set[str] = set()
             for event in parsed:
@@ -327,7 +348,12 @@ class _Core:
                 new.append(event)
             run.state.fold_many(new)  # checks the whole batch before folding any of it
             for event in new:
-                run.pending[event.id] = event.dump()
+                run.pending[event.id] = data = event.dump()
+                if self.spool is not None:
+                    if run.journal is None:
+                        run.journal = []
+                    if len(run.journal) < self.max_journal:
+                        run.journal.append(dict(data))
             if len(run.pending) > self.max_pending:
                 # the service has been away a long time: keep the newest events, bounded memory
                 cut = len(run.pending) - self.max_pending
@@ -342,6 +368,48 @@ class _Core:
         with self._lock:
             for gone in ids:
                 run.pending.pop(gone, None)
+
+    def note(self, run: _LocalRun, decision: DecideResponse) -> DecideResponse:
+        """Keep the decision on the run's last event, for the spool (format v1 ``decision``)."""
+        if run.journal:
+            run.journal[-1]["decision"] = {
+                "action": decision.action,
+                "reason": decision.reason,
+                "v_stop": decision.v_stop,
+                "propensity": decision.propensity,
+                "model_version": decision.model_version,
+            }
+        return decision
+
+    def spool_trace(self, run_id: str, run: _LocalRun | None, body: Mapping[str, Any]) -> Path | None:
+        """Append the run's trace to the spool file (the outcome could not be delivered)."""
+        if self.spool is None or run is None or not run.journal:
+            return None
+        events = list(run.journal)
+        known = {e["id"] for e in events}
+        events += [e for e in body["events"] if e["id"] not in known]
+        data: dict[str, Any] = {
+            "trace_id": run_id,
+            "task_id": run.task_id or run_id,
+            "events": events,
+            "rewards": body["rewards"],
+            "metrics": {**body.get("metrics", {}), "client_spooled": 1.0},
+        }
+        for key in ("stop", "costs"):
+            if key in body:
+                data[key] = body[key]
+        if run.system:
+            data["system"] = run.system
+        if run.state.budget is not None:
+            data["budget"] = run.state.budget.model_dump(exclude_none=True)
+        try:
+            trace = Trace.model_validate(data)
+            with self._spool_lock, TraceWriter(self.spool, append=True) as writer:
+                writer.write(trace)
+        except (ValidationError, OSError, StopServeError) as exc:
+            log.error("stopserve: run %s: could not spool its trace to %s: %s", run_id, self.spool, exc)
+            return None
+        return self.spool
 
     def forget(self, run_id: str) -> None:
         with self._lock:
@@ -476,6 +544,9 @@ class StopClient:
     the service is skipped for ``cooldown`` seconds. ``budget``, ``lam`` and ``safety`` are
     defaults for every run (``safety`` also overrides the server's safety nets, so both sides
     apply the same).
+    With ``spool`` (a ``.jsonl`` path) the client also keeps each run's events and
+    decisions, and appends the run's format-v1 trace there when its outcome cannot be
+    delivered, so the retraining log loses nothing while the sidecar is down.
     A 4xx answer (the caller's mistake) raises a :class:`~stopserve.errors.StopServeError`,
     unless ``raise_on_client_error=False``: then it is logged and decided locally.
 
@@ -501,6 +572,7 @@ class StopClient:
         max_runs: int = 10_000,
         max_pending: int = 1_000,
         headers: Mapping[str, str] | None = None,
+        spool: str | os.PathLike[str] | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._core = _Core(
@@ -517,6 +589,7 @@ class StopClient:
             max_runs=max_runs,
             max_pending=max_pending,
             headers=headers,
+            spool=spool,
         )
         self._http = httpx.Client(
             base_url=self._core.url,
@@ -588,9 +661,9 @@ class StopClient:
         """Send the run's new events and return the service's decision (or a local one)."""
         core = self._core
         cfg = _as_safety(safety)
-        run = core.fold(run_id, events, budget)
+        run = core.fold(run_id, events, budget, task_id, system)
         if core.is_down():
-            return core.local_decision(run_id, run, cfg, proposed_stop)
+            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
         body = core.decide_body(
             run,
             budget=budget,
@@ -604,19 +677,19 @@ class StopClient:
             data = self._request("POST", _run_path(run_id) + "/decide", body, f"decide {run_id!r}")
             decision = DecideResponse.model_validate(data)
         except _UnavailableError:
-            return core.local_decision(run_id, run, cfg, proposed_stop)
+            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
         except ValidationError:
             core.mark_down("unexpected response")
-            return core.local_decision(run_id, run, cfg, proposed_stop)
+            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
         except StopServeError as exc:
             if isinstance(exc, RunClosedError | RunLimitError):
                 core.sent(run, sent)  # the service will never take them: do not resend forever
             if core.raise_on_client_error:
                 raise
             log.warning("stopserve: %s; deciding locally", exc)
-            return core.local_decision(run_id, run, cfg, proposed_stop)
+            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
         core.sent(run, sent)
-        return decision
+        return core.note(run, decision)
 
     def outcome(
         self,
@@ -645,7 +718,13 @@ class StopClient:
                 closed_ok_on_retry=True,
             )
         except _UnavailableError as exc:
-            log.warning("stopserve: outcome of run %s not delivered (%s)", run_id, exc)
+            where = self._core.spool_trace(run_id, run, body)
+            log.warning(
+                "stopserve: outcome of run %s not delivered (%s)%s",
+                run_id,
+                exc,
+                f"; trace spooled to {where}" if where else "",
+            )
             return None
         self._core.forget(run_id)
         return OutcomeResponse.model_validate(data) if data is not None else None
@@ -698,6 +777,7 @@ class AsyncStopClient:
         max_runs: int = 10_000,
         max_pending: int = 1_000,
         headers: Mapping[str, str] | None = None,
+        spool: str | os.PathLike[str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._core = _Core(
@@ -714,6 +794,7 @@ class AsyncStopClient:
             max_runs=max_runs,
             max_pending=max_pending,
             headers=headers,
+            spool=spool,
         )
         self._transport = transport
         self._http: httpx.AsyncClient | None = None
@@ -796,9 +877,9 @@ class AsyncStopClient:
         """Send the run's new events and return the service's decision (or a local one)."""
         core = self._core
         cfg = _as_safety(safety)
-        run = core.fold(run_id, events, budget)
+        run = core.fold(run_id, events, budget, task_id, system)
         if core.is_down():
-            return core.local_decision(run_id, run, cfg, proposed_stop)
+            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
         body = core.decide_body(
             run,
             budget=budget,
@@ -812,19 +893,19 @@ class AsyncStopClient:
             data = await self._request("POST", _run_path(run_id) + "/decide", body, f"decide {run_id!r}")
             decision = DecideResponse.model_validate(data)
         except _UnavailableError:
-            return core.local_decision(run_id, run, cfg, proposed_stop)
+            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
         except ValidationError:
             core.mark_down("unexpected response")
-            return core.local_decision(run_id, run, cfg, proposed_stop)
+            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
         except StopServeError as exc:
             if isinstance(exc, RunClosedError | RunLimitError):
                 core.sent(run, sent)  # the service will never take them: do not resend forever
             if core.raise_on_client_error:
                 raise
             log.warning("stopserve: %s; deciding locally", exc)
-            return core.local_decision(run_id, run, cfg, proposed_stop)
+            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
         core.sent(run, sent)
-        return decision
+        return core.note(run, decision)
 
     async def outcome(
         self,
@@ -849,7 +930,13 @@ class AsyncStopClient:
                 closed_ok_on_retry=True,
             )
         except _UnavailableError as exc:
-            log.warning("stopserve: outcome of run %s not delivered (%s)", run_id, exc)
+            where = self._core.spool_trace(run_id, run, body)
+            log.warning(
+                "stopserve: outcome of run %s not delivered (%s)%s",
+                run_id,
+                exc,
+                f"; trace spooled to {where}" if where else "",
+            )
             return None
         self._core.forget(run_id)
         return OutcomeResponse.model_validate(data) if data is not None else None

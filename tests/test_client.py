@@ -274,3 +274,30 @@ def test_decision_log_holds_every_decision(server: LiveServer) -> None:
     lines = [orjson.loads(x) for x in (server.log_dir / "decisions.jsonl").read_bytes().splitlines() if x]
     mine = [x for x in lines if "c-log" in orjson.dumps(x).decode()]
     assert len(mine) >= len(got)
+
+
+def test_undelivered_outcome_is_spooled_as_a_trace(tmp_path: Path) -> None:
+    spool = tmp_path / "spool.jsonl"
+    rec = EventRecorder()
+    with StopClient(dead_url(), safety={"max_turns": 2}, timeout=0.1, spool=spool) as client:
+        ds = [
+            client.decide("c-spool", step(rec, i), task_id="task-9", budget={"max_turns": 5})
+            for i in range(2)
+        ]
+        assert client.outcome("c-spool", {"team": 1.0}, stop={"reason": "budget_exhausted"}) is None
+    (trace,) = list(read_traces(spool))
+    assert (trace.trace_id, trace.task_id, trace.rewards) == ("c-spool", "task-9", {"team": 1.0})
+    assert len(trace.events) == 4 and trace.stop is not None and trace.budget is not None
+    decided = [e.decision for e in trace.events if e.decision is not None]
+    assert [d.action for d in decided] == [d.action for d in ds] == ["continue", "stop"]
+    assert trace.metrics["client_spooled"] == 1.0
+    with pytest.raises(ConfigError):
+        StopClient(dead_url(), spool=tmp_path / "spool.txt")
+
+
+def test_delivered_outcome_is_not_spooled(server: LiveServer, tmp_path: Path) -> None:
+    spool = tmp_path / "spool.jsonl"
+    with StopClient(server.url, timeout=2.0, spool=spool) as client:
+        client.decide("c-nospool", step(EventRecorder(), 0))
+        assert client.outcome("c-nospool", {"team": 1.0}) is not None
+    assert not spool.exists()

@@ -242,7 +242,7 @@ def _tune_tau(
 
 
 def _cap_grid(c: FloatArray, size: int = 16) -> list[float | None]:
-    """Cost caps tried with the model: off, and quantiles of the observed costs."""
+    """Cost caps tried with the model: off, and the upper half's quantiles of the observed costs."""
     pos = c[np.isfinite(c) & (c > 0)]
     if pos.size == 0:
         return [None]
@@ -258,11 +258,10 @@ def _tune_rule(  # noqa: PLR0917
     lam: float,
     caps: list[float | None],
 ) -> tuple[float, float | None, float]:
-    """τ and the cost cap (a safety net shipped with the model) that maximise the replay value."""
+    """τ and the cost cap (a safety net shipped with the model), tuned jointly."""
     best: tuple[float, float | None, float] = (math.inf, None, -math.inf)
     for cap in caps:
-        extra = loop if cap is None else loop | (dp.c >= cap)
-        tau, value = _tune_tau(dp, v, allowed, extra, lam)
+        tau, value = _tune_tau(dp, v, allowed, loop | _cap_mask(dp, cap), lam)
         if value > best[2] + 1e-12:
             best = (tau, cap, value)
     return best
@@ -278,7 +277,7 @@ def _cv_value(  # noqa: PLR0917
     trace_fold: IntArray,
     caps: list[float | None],
 ) -> tuple[BoolArray, list[float], list[float | None]]:
-    """Nested tuning: fold f's rows use the τ and cap tuned for fold f's own model.
+    """Nested tuning: fold f's rows use the τ and cost cap tuned for fold f's own model.
 
     ``inner[f]`` holds fold f's early-stopping rows and that model's V there: rows
     the model did not train on and fold f does not contain, so τ matches the scale

@@ -73,7 +73,7 @@ SIM_TOPOLOGIES: Final[tuple[str, ...]] = (
 #: Behavior (logging) policies; ``metrics.behavior_policy`` holds the index.
 BEHAVIORS: Final[tuple[str, ...]] = ("turn_cap", "verifier_threshold", "orchestrator")
 #: Default standard deviation of the grade around the verifier's score.
-DEFAULT_NOISE: Final = 0.1
+DEFAULT_NOISE: Final = 0.05
 SYSTEM: Final = "stopserve-sim"
 #: The command validates the first trace and every this-many-th one (the tests validate all).
 VALIDATE_EVERY: Final = 1000

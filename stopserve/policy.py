@@ -20,6 +20,7 @@ flattened trees, :class:`CompiledForest`, stands in if that path is unavailable)
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import random
@@ -280,6 +281,17 @@ def _interp_tau(lam: float, lams: FloatArray, taus: FloatArray) -> float:
     return lo if w < 0.5 else hi
 
 
+def _interp1(x: float, xs: list[float], ys: list[float]) -> float:
+    """``np.interp`` for one value (clamped at the ends), without numpy's call overhead."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect.bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 if x1 == x0 else y0 + (x - x0) * (y1 - y0) / (x1 - x0)
+
+
 def _sigmoid(z: float) -> float:
     if z >= 0:
         return 1.0 / (1.0 + math.exp(-z))
@@ -353,6 +365,8 @@ class Policy:
                     np.asarray(cal["x"], dtype=np.float64),
                     np.asarray(cal["y"], dtype=np.float64),
                 )
+        # plain lists: a scalar np.interp costs more than the whole tree walk
+        self._calib_lists = {n: (cx.tolist(), cy.tolist()) for n, (cx, cy) in self._calib.items()}
         self._index = {n: i for i, n in enumerate(self._names)}
         self._tau_cache: tuple[float, float] = (math.nan, default_tau)
 
@@ -421,9 +435,9 @@ class Policy:
 
     def _post_one(self, name: str, raw: float) -> float:
         out = _sigmoid(raw) if self._transforms.get(name) == "sigmoid" else raw
-        cal = self._calib.get(name)
+        cal = self._calib_lists.get(name)
         if cal is not None:
-            out = float(np.interp(out, cal[0], cal[1]))
+            out = _interp1(out, cal[0], cal[1])
         if name == "k" and out < 0.0:
             out = 0.0
         return out

@@ -792,6 +792,9 @@ def train_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=progress,
     )
+    # what evaluate needs to rebuild the same labels
+    result.manifest["labels_from_rewards"] = bool(args.labels_from_rewards)
+    result.manifest["group_by"] = args.group_by
     out = result.save(args.output)
     cv = result.cv
     pol = cv["policies"]

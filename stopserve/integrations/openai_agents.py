@@ -15,7 +15,8 @@ after tool calls is the agent's ``tool_use_behavior``: after every tool step it
 may return ``ToolsToFinalOutputResult(is_final_output=True, final_output=...)``,
 and the run then finishes normally, with output guardrails, ``on_agent_end`` and
 ``RunResult.final_output``. :meth:`StopServeHooks.attach` returns a clone of the
-agent (and of the agents it hands off to) whose ``tool_use_behavior`` does exactly
+agent (and of the ``Agent`` objects in its ``handoffs``, recursively; a ``Handoff``
+built with ``handoff()`` is kept as it is) whose ``tool_use_behavior`` does exactly
 that once the service said stop, and otherwise keeps the agent's own behaviour.
 A stop that arrives in ``on_llm_end`` takes effect after that response's tool
 calls ran (one tool step, no further model call); a response without tool calls

@@ -12,8 +12,8 @@ from servers import LiveServer
 
 pytest.importorskip("agents")
 
-from agents import Agent, ModelResponse, RunConfig, Runner, Usage, function_tool
-from agents.exceptions import MaxTurnsExceeded
+from agents import Agent, ModelResponse, RunConfig, RunHooks, Runner, Usage, function_tool
+from agents.exceptions import MaxTurnsExceeded, UserError
 from agents.models.interface import Model
 from agents.testing import assistant_message, function_call
 
@@ -129,3 +129,14 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
     assert "max_turns" in result.final_output and "degraded" in result.final_output
     assert hooks.stop_decision is not None and hooks.stop_decision.degraded
     assert hooks.stop_decision.turn == 4
+
+
+def test_raising_in_a_hook_is_not_a_clean_stop() -> None:
+    # why the hooks end runs through tool_use_behavior: an exception in a hook escapes
+    # Runner.run (wrapped as "Error running tool ...")
+    class Raising(RunHooks[Any]):
+        async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: object) -> None:
+            raise RuntimeError("stop now")
+
+    with pytest.raises(UserError, match="stop now"):
+        asyncio.run(Runner.run(make_agent(ScriptedModel(n=5)), "x", hooks=Raising(), run_config=RUN_CONFIG))

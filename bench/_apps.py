@@ -3,7 +3,8 @@
 - ``stopserve_app``: the real service, ``create_app(Settings(...))``, configured from
   ``BENCH_*`` variables (model, decision log on/off, fsync policy).
 - ``bare_app``: a bare FastAPI endpoint on the same path accepting the same JSON body
-  and answering a decide-shaped constant: the framework's floor.
+  and answering a decide-shaped constant: the framework's floor (``async def``);
+  ``bare_sync_app``: the same with a ``def`` route, which FastAPI runs in a thread pool.
 - ``static_app``: a raw ASGI responder with a constant body: the ceiling of uvicorn on
   this machine, which shows how far the load generator is from being the bottleneck.
 """
@@ -71,6 +72,19 @@ def bare_app() -> Any:
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    return app
+
+
+def bare_sync_app() -> Any:
+    """As :func:`bare_app`, with a plain ``def`` route: FastAPI runs it in its worker thread pool."""
+    from fastapi import Body, FastAPI
+
+    app = FastAPI()
+
+    @app.post("/v1/runs/{run_id}/decide")
+    def decide(run_id: str, body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
+        return {**DECISION, "run_id": run_id, "events_accepted": len(body.get("events", ()))}
 
     return app
 

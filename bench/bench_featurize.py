@@ -168,8 +168,8 @@ def _run_bytes(features: ModuleType, n_events: int, n_runs: int) -> float:
 
 
 def bench_memory(sec: Section, features: ModuleType, size: str) -> None:
-    sizes = {"tiny": (10, 100), "quick": (10, 1_000, 10_000), "full": (10, 1_000, 10_000, 100_000)}[size]
-    budget = {"tiny": 2_000, "quick": 100_000, "full": 400_000}[size]  # events parsed per size
+    sizes = {"tiny": (10, 100), "quick": (10, 1_000, 10_000), "full": (10, 100, 1_000, 10_000)}[size]
+    budget = {"tiny": 2_000, "quick": 60_000, "full": 150_000}[size]  # events parsed per size
     rows = []
     for n_events in sizes:
         n_runs = max(2, min(200, budget // n_events))

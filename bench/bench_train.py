@@ -39,7 +39,9 @@ def time_v(stderr: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(__doc__ or "").parse_args(argv)
+    p = parser(__doc__ or "")
+    p.add_argument("--points", type=int, help="decision points to train on (default by --size)")
+    args = p.parse_args(argv)
     sec = Section("Training: stopserve train against raw lightgbm.train", sys.argv)
     for mod in ("training.fit", "training.labels"):
         got = load(mod)
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="stopserve-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    n_points = {"tiny": 1_000, "quick": 100_000, "full": 1_000_000}[args.size]
+    n_points = args.points or {"tiny": 1_000, "quick": 50_000, "full": 100_000}[args.size]
     folds = {"tiny": 2, "quick": 3, "full": 3}[args.size]
     traces_path = workdir / f"train-{n_points}.jsonl"
     n_traces, points, how = make(traces_path, n_points, seed=5)

@@ -46,7 +46,9 @@ def git_head() -> str:
     return f"{head}{' (plus uncommitted changes)' if dirty else ''}"
 
 
-def run_section(script: str, size: str, workdir: Path, timeout: float) -> dict[str, Any]:
+def run_section(
+    script: str, size: str, workdir: Path, timeout: float, extra: list[str] | None = None
+) -> dict[str, Any]:
     """Run one benchmark script; its JSON section, or a section saying what went wrong."""
     path = BENCH / script
     name = script.removesuffix(".py")
@@ -64,7 +66,17 @@ def run_section(script: str, size: str, workdir: Path, timeout: float) -> dict[s
         return run_foreign(path, size, timeout, help_text)
     out = workdir / f"{name}.json"
     out.unlink(missing_ok=True)
-    cmd = [sys.executable, str(path), "--size", size, "--out", str(out), "--workdir", str(workdir)]
+    cmd = [
+        sys.executable,
+        str(path),
+        "--size",
+        size,
+        *(extra or []),
+        "--out",
+        str(out),
+        "--workdir",
+        str(workdir),
+    ]
     log = workdir / f"{name}.log"
     t0 = time.monotonic()
     try:
@@ -101,14 +113,10 @@ def run_foreign(path: Path, size: str, timeout: float, help_text: str) -> dict[s
         return _stub(name, f"{path.name} failed ({proc.returncode})", command_line(cmd), tail, took)
     parts = path.read_text().split('"""')
     title = (parts[1].strip().splitlines() or [name])[0].rstrip(".") if len(parts) > 2 else name
-    md = [
-        f"## {title}",
-        "",
-        f"Command: `{command_line(cmd)}` (its output, verbatim)",
-        "",
-        proc.stdout.strip(),
-        "",
-    ]
+    text = proc.stdout.strip()
+    if not text.startswith(("|", "#")):  # plain text: keep its layout
+        text = f"```\n{text}\n```"
+    md = [f"## {title}", "", f"Command: `{command_line(cmd)}` (its output, verbatim)", "", text, ""]
     return {"title": title, "command": command_line(cmd), "markdown": "\n".join(md), "data": {},
             "missing": [], "targets": [], "seconds": took}  # fmt: skip
 
@@ -171,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller inputs and shorter runs")
     p.add_argument("--size", choices=("tiny", "quick", "full"), help=argparse.SUPPRESS)
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these sections (e.g. serve decide)")
+    p.add_argument(
+        "--train-points",
+        type=int,
+        metavar="N",
+        help="decision points for the training benchmark (default 100,000; 1,000,000 takes long here)",
+    )
     p.add_argument("--output", type=Path, default=BENCH / "RESULTS.md")
     p.add_argument("--workdir", type=Path, help="scratch folder (default: a temporary one, removed after)")
     args = p.parse_args(argv)
@@ -195,7 +209,12 @@ def main(argv: list[str] | None = None) -> int:
         for script, timeout in chosen:
             print(f"== {script} ({size})", file=sys.stderr, flush=True)
             t0 = time.monotonic()
-            doc = run_section(script, size, workdir, timeout * scale + 60)
+            opts = (
+                ["--points", str(args.train_points)]
+                if args.train_points and script == "bench_train.py"
+                else []
+            )
+            doc = run_section(script, size, workdir, timeout * scale + 60, opts)
             print(
                 f"   {time.monotonic() - t0:.0f}s; missing: {doc.get('missing') or 'nothing'}",
                 file=sys.stderr,

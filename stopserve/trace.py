@@ -321,7 +321,8 @@ def _semantic_issues(data: Mapping[str, Any]) -> list[tuple[str, str]]:
                     )
                 else:
                     ids[eid] = i
-            kind = SURVEY_TYPE_MAP.get(ev.get("type"), ev.get("type"))  # type: ignore[arg-type]
+            raw_type = ev.get("type")
+            kind = SURVEY_TYPE_MAP.get(raw_type, raw_type) if isinstance(raw_type, str) else None
             if kind == "reward" and ev.get("value") is None:
                 out.append((f"events[{i}].value", _NEEDS_VALUE))
             if kind == "stop" and ev.get("reason") is None and ev.get("type") != "orchestrator_decision":

@@ -32,6 +32,7 @@ those calls in proportion to their tokens, and ``metrics.usd_estimated = 1``.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -140,25 +141,23 @@ def _content_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _usage(msg: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:
     """(usage, created) of one model call, wherever this mini-swe-agent version put them."""
-    extra = msg.get("extra") if isinstance(msg.get("extra"), dict) else {}
-    assert isinstance(extra, dict)
-    response = extra.get("response") or extra.get("model_response") or {}
-    usage: Any = {}
-    created: Any = None
-    if isinstance(response, dict):
-        usage = response.get("usage") or {}
-        created = response.get("created")
-    usage = usage or msg.get("usage") or extra.get("usage") or {}
+    extra = _dict(msg.get("extra"))
+    response = _dict(extra.get("response") or extra.get("model_response"))
+    usage = dict(_dict(response.get("usage") or msg.get("usage") or extra.get("usage")))
+    created = response.get("created")
     if created is None:
         created = extra.get("timestamp", msg.get("timestamp"))
-    usage = dict(usage) if isinstance(usage, dict) else {}
     if usage.get("cost") is None and isinstance(extra.get("cost"), int | float):
         usage["cost"] = extra["cost"]
-    return usage, float(created) if isinstance(created, int | float) and not isinstance(
-        created, bool
-    ) else None
+    if isinstance(created, int | float) and not isinstance(created, bool) and math.isfinite(created):
+        return usage, float(created)
+    return usage, None
 
 
 def _actions(msg: Mapping[str, Any]) -> list[str]:
@@ -166,8 +165,7 @@ def _actions(msg: Mapping[str, Any]) -> list[str]:
     if isinstance(calls, list) and calls:
         out = []
         for call in calls:
-            fn = call.get("function", {}) if isinstance(call, dict) else {}
-            args: Any = fn.get("arguments")
+            args: Any = _dict(_dict(call).get("function")).get("arguments")
             if isinstance(args, str):
                 try:
                     args = orjson.loads(args)
@@ -175,9 +173,9 @@ def _actions(msg: Mapping[str, Any]) -> list[str]:
                     args = {"command": args}
             out.append(str(args.get("command", args)) if isinstance(args, dict) else str(args))
         return out
-    extra = msg.get("extra")
-    if isinstance(extra, dict) and isinstance(extra.get("actions"), list) and extra["actions"]:
-        return [str(a.get("command", a)) if isinstance(a, dict) else str(a) for a in extra["actions"]]
+    actions = _dict(msg.get("extra")).get("actions")
+    if isinstance(actions, list) and actions:
+        return [str(a.get("command", a)) if isinstance(a, dict) else str(a) for a in actions]
     return [m.strip() for m in _ACTION_RE.findall(_content_text(msg.get("content")))]
 
 

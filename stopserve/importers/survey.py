@@ -89,7 +89,7 @@ def convert(data: Any, *, file: str | os.PathLike[str] = "<input>", line: int | 
             return float(t) if isinstance(t, int | float) and not isinstance(t, bool) else 0.0
 
         out["events"] = sorted(fixed, key=when)
-        ids = {ev.get("id") for ev in fixed if isinstance(ev, dict)}
+        ids = {ev["id"] for ev in fixed if isinstance(ev, dict) and isinstance(ev.get("id"), str)}
         edges = data.get("edges")
         if isinstance(edges, list):
             kept = [

@@ -660,6 +660,7 @@ class StopClient:
     ) -> DecideResponse:
         """Send the run's new events and return the service's decision (or a local one)."""
         core = self._core
+        path = _run_path(run_id) + "/decide"
         cfg = _as_safety(safety)
         run = core.fold(run_id, events, budget, task_id, system)
         if core.is_down():
@@ -674,7 +675,7 @@ class StopClient:
         )
         sent = [e["id"] for e in body["events"]]
         try:
-            data = self._request("POST", _run_path(run_id) + "/decide", body, f"decide {run_id!r}")
+            data = self._request("POST", path, body, f"decide {run_id!r}")
             decision = DecideResponse.model_validate(data)
         except _UnavailableError:
             return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
@@ -876,6 +877,7 @@ class AsyncStopClient:
     ) -> DecideResponse:
         """Send the run's new events and return the service's decision (or a local one)."""
         core = self._core
+        path = _run_path(run_id) + "/decide"
         cfg = _as_safety(safety)
         run = core.fold(run_id, events, budget, task_id, system)
         if core.is_down():
@@ -890,7 +892,7 @@ class AsyncStopClient:
         )
         sent = [e["id"] for e in body["events"]]
         try:
-            data = await self._request("POST", _run_path(run_id) + "/decide", body, f"decide {run_id!r}")
+            data = await self._request("POST", path, body, f"decide {run_id!r}")
             decision = DecideResponse.model_validate(data)
         except _UnavailableError:
             return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))

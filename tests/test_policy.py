@@ -181,3 +181,14 @@ def test_tau_grid_interpolates(model_dir: Path) -> None:
     assert policy.tau(policy.default_lambda) == pytest.approx(
         float("inf") if policy.manifest["tau"] is None else policy.manifest["tau"]
     )
+
+
+def test_scalar_interpolation_matches_numpy() -> None:
+    from stopserve.policy import _interp1
+
+    rng = np.random.default_rng(3)
+    xs = np.sort(rng.random(12))
+    xs[5] = xs[4]  # isotonic knots repeat
+    ys = np.sort(rng.random(12))
+    for x in [-1.0, 2.0, *rng.random(200).tolist(), float(xs[4])]:
+        assert _interp1(x, xs.tolist(), ys.tolist()) == pytest.approx(float(np.interp(x, xs, ys)))

@@ -201,3 +201,15 @@ def test_tau_tuning_matches_brute_force(dp) -> None:  # type: ignore[no-untyped-
     if np.isfinite(tau):
         got = replay(dp, ((v < -tau) & allowed) | extra, 0.7).mean_value
         assert got == pytest.approx(value)
+
+
+def test_traces_without_decision_points_train() -> None:
+    # only actions, no returns: each trace gets one row at its last event (labels), and fitting works
+    traces = []
+    for t in synth_traces(40, seed=8):
+        events = [e for e in t.events if e.type != "return"]
+        traces.append(t.model_copy(update={"events": events}))
+    dp = build_decision_points(traces)
+    assert dp.n_rows == 40
+    result = fit_policy(dp, lam=1.0, **FAST)
+    assert result.manifest["kind"] in ("model", "heuristic")

@@ -66,7 +66,7 @@ def test_featurize_smoke(workdir: Path) -> None:
     if not doc["missing"]:
         synthetic = next(v for k, v in doc["data"].items() if k.startswith("synthetic"))
         assert synthetic["events"] == 3_000
-        assert synthetic["fold_events_per_s"] > 0
+        assert synthetic["fold_events_per_cpu_s"] > 0
         # a run that folded more events holds at least as much memory
         per_run = doc["data"]["bytes_per_run"]
         assert per_run["100"] >= per_run["10"] > 0

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,7 +92,7 @@ def _any_value(value: Any) -> Any:
     if "intValue" in value:
         try:
             return int(value["intValue"])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return None
     if "doubleValue" in value:
         try:
@@ -99,9 +100,11 @@ def _any_value(value: Any) -> Any:
         except (TypeError, ValueError):
             return None
     if "arrayValue" in value:
-        return [_any_value(v) for v in (value["arrayValue"] or {}).get("values", [])]
+        values = value["arrayValue"].get("values") if isinstance(value["arrayValue"], dict) else None
+        return [_any_value(v) for v in values] if isinstance(values, list) else []
     if "kvlistValue" in value:
-        return _attributes((value["kvlistValue"] or {}).get("values", []))
+        kvs = value["kvlistValue"].get("values") if isinstance(value["kvlistValue"], dict) else None
+        return _attributes(kvs)
     return None
 
 
@@ -117,7 +120,7 @@ def _attributes(items: Any) -> dict[str, Any]:
 def _nanos(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
@@ -168,7 +171,10 @@ def _parse_span(raw: Any, where: str, file: str, line: int | None, service: str 
         raise fail("expected Unix nanoseconds", file=file, line=line, path=f"{where}.startTimeUnixNano")
     end = start if end is None or end < start else end
     events = []
-    for j, ev in enumerate(raw.get("events") or []):
+    raw_events = raw.get("events") or []
+    if not isinstance(raw_events, list):
+        raise fail("expected a list of events", file=file, line=line, path=f"{where}.events")
+    for j, ev in enumerate(raw_events):
         if not isinstance(ev, dict):
             raise fail("expected an event object", file=file, line=line, path=f"{where}.events[{j}]")
         when = _nanos(ev.get("timeUnixNano"))
@@ -200,7 +206,10 @@ def _spans_of(doc: Any, file: str, line: int | None) -> Iterator[tuple[str, _Spa
         resource = rs.get("resource") if isinstance(rs.get("resource"), dict) else {}
         assert isinstance(resource, dict)
         service = _attributes(resource.get("attributes")).get("service.name")
-        for j, ss in enumerate(rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or []):
+        scopes = rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or []
+        if not isinstance(scopes, list):
+            raise fail("expected a list", file=file, line=line, path=f"resourceSpans[{i}].scopeSpans")
+        for j, ss in enumerate(scopes):
             spans = ss.get("spans") if isinstance(ss, dict) else None
             if not isinstance(spans, list):
                 raise fail(
@@ -300,7 +309,7 @@ def _convert(trace_id: str, source: _Source) -> Trace:
             tokens = 0
             for key in ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"):
                 value = span.attrs.get(key)
-                if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf:
                     tokens += int(value)
             model = span.attrs.get("gen_ai.response.model") or span.attrs.get("gen_ai.request.model")
             output = span.attrs.get("gen_ai.output.messages")

@@ -134,3 +134,58 @@ def test_mini_swe_agent_messages(messages: list[dict[str, Any]], info: Any) -> N
         mini_swe_agent.trace_from_mini({"messages": messages, "info": info}, "x.traj.json")
     except ImporterError as err:
         assert err.issues
+
+
+ANY_VALUE = st.one_of(
+    st.fixed_dictionaries({"stringValue": JSON}),
+    st.fixed_dictionaries({"intValue": JSON | st.sampled_from(["12", "x", "1e3"])}),
+    st.fixed_dictionaries({"doubleValue": JSON}),
+    st.fixed_dictionaries({"arrayValue": JSON}),
+    JSON,
+)
+ATTRS = st.lists(
+    st.fixed_dictionaries(
+        {
+            "key": st.sampled_from(
+                [
+                    "gen_ai.operation.name",
+                    "gen_ai.agent.name",
+                    "gen_ai.usage.input_tokens",
+                    "gen_ai.tool.name",
+                    "error.type",
+                    "gen_ai.evaluation.score.value",
+                    "gen_ai.conversation.id",
+                ]
+            ),
+            "value": ANY_VALUE,
+        }
+    ),
+    max_size=4,
+)
+SPAN = st.fixed_dictionaries(
+    {
+        "traceId": st.just("5b8efff798038103d269b633813fc60c"),
+        "spanId": st.sampled_from(["eee19b7ec3c1b174", "aaa19b7ec3c1b174"]),
+        "startTimeUnixNano": st.integers(0, 10**12) | st.sampled_from(["5", "x"]),
+    },
+    optional={
+        "parentSpanId": st.sampled_from(["eee19b7ec3c1b174", "aaa19b7ec3c1b174", "zz"]),
+        "name": JSON,
+        "endTimeUnixNano": st.integers(0, 10**12) | JSON,
+        "attributes": ATTRS | JSON,
+        "events": st.lists(
+            st.fixed_dictionaries({"name": JSON, "timeUnixNano": JSON, "attributes": ATTRS}), max_size=2
+        )
+        | JSON,
+        "status": st.fixed_dictionaries({"code": JSON | st.sampled_from([2, "STATUS_CODE_ERROR"])}) | JSON,
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(spans=st.lists(SPAN, min_size=1, max_size=4))
+def test_otel_spans(spans: list[dict[str, Any]]) -> None:
+    try:
+        _otel({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]})
+    except ImporterError as err:
+        assert err.issues

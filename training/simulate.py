@@ -475,21 +475,21 @@ def _skeleton(model: TopologyModel, rng: random.Random, ceiling: int) -> _Skelet
     present: list[tuple[bool, ...] | None] = []
     proposals: list[bool] = []
     dp_per_round: list[int] = []
-    mu = best = n_best = 0
+    ups, p_prop, p_down = comp.ups, comp.p_propose, model.p_down
+    p_stuck, p_stay = model.p_stuck, model.p_stay_stuck
+    groups = tuple(zip((p for p, _ in comp.round), comp.round_dps, strict=True))
+    mu = _pick(rng, model.init)
+    best, n_best = mu, 0
     stuck = False
-    for k in range(1, model.rounds + 1):
-        if k == 1:
-            mu = _pick(rng, model.init)
-            best, n_best = mu, 0
-        else:
-            stuck = rand() < (model.p_stay_stuck if stuck else model.p_stuck)
+    for k in range(model.rounds):
+        if k:
+            stuck = rand() < (p_stay if stuck else p_stuck)
             if not stuck:
                 u = rand()
-                pd = model.p_down if mu > 0 else 0.0
-                pu = model.up(mu) if mu < ceiling else 0.0
+                pd = p_down if mu > 0 else 0.0
                 if u < pd:
                     mu -= 1
-                elif u < pd + pu:
+                elif mu < ceiling and u < pd + ups[mu]:
                     mu += 1
                     if mu > best:
                         best, n_best = mu, 0
@@ -499,11 +499,15 @@ def _skeleton(model: TopologyModel, rng: random.Random, ceiling: int) -> _Skelet
             present.append(None)
             dps = comp.stuck_dps
         else:
-            mask = tuple(p >= 1.0 or rand() < p for p, _ in comp.round)
-            present.append(mask)
-            dps = sum(n for ran, n in zip(mask, comp.round_dps, strict=True) if ran)
-        value = mu / model.levels
-        proposed = rand() < model.p_propose + model.p_propose_good * max(0.0, value - 0.5) * 2.0
+            mask: list[bool] = []
+            dps = 0
+            for p, n in groups:
+                ran = p >= 1.0 or rand() < p
+                mask.append(ran)
+                if ran:
+                    dps += n
+            present.append(tuple(mask))
+        proposed = rand() < p_prop[mu]
         states.append((mu, best, n_best, int(stuck)))
         proposals.append(proposed)
         dp_per_round.append(dps + 2 + proposed)  # + aggregate, reward (+ proposal)
@@ -531,7 +535,7 @@ def _event_id(i: int) -> str:
     return _IDS[i] if i < len(_IDS) else f"e{i}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Slot:
     """A :class:`Spec` precompiled for the hot loop."""
 
@@ -574,6 +578,8 @@ class _Compiled:
     stuck: tuple[_Slot, ...]
     stuck_dps: int
     aggregate: _Slot
+    ups: tuple[float, ...]  # p_up per level
+    p_propose: tuple[float, ...]  # chance of a stop proposal per verifier level
 
 
 _COMPILED: dict[int, _Compiled] = {}
@@ -592,6 +598,11 @@ def _compiled(model: TopologyModel) -> _Compiled:
             stuck,
             sum(s.dp for s in stuck),
             _slot(model.aggregate, model),
+            tuple(model.up(mu) for mu in range(model.levels + 1)),
+            tuple(
+                model.p_propose + model.p_propose_good * max(0.0, mu / model.levels - 0.5) * 2.0
+                for mu in range(model.levels + 1)
+            ),
         )
         if model is _MODELS.get(model.name):  # cache the shipped models only (ids of others recycle)
             _COMPILED[id(model)] = c
@@ -637,13 +648,14 @@ def _materialize(
     q = 0.0
     first_return = -1
     first_return_tokens = 0
+    ids, n_ids = _IDS, len(_IDS)
 
     def emit(slot: _Slot, ref: str | None, error: bool) -> None:
         nonlocal t_ms, tokens_total, first_return, first_return_tokens
         tok = slot.lo + int(rand() * slot.span)
         t_ms += 50 + 20 * tok + int(rand() * (2000 if slot.tool else 200))
         i = len(events)
-        ev = {"id": _event_id(i), "t": t_ms / 1000, **slot.template}
+        ev = {"id": ids[i] if i < n_ids else f"e{i}", "t": t_ms / 1000, **slot.template}
         if ref is not None:
             ev["content_ref"] = ref
         ev["tokens"] = tok

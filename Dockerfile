@@ -12,6 +12,10 @@ COPY pyproject.toml README.md ./
 COPY stopserve ./stopserve
 COPY training ./training
 COPY models/default ./models/default
+# LightGBM needs the GNU OpenMP runtime, which slim images lack
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
 # the project without extras: the runtime only (the wheel carries models/default as stopserve/_default_model)
 RUN python -m pip install . \
     && useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin stopserve \

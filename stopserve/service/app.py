@@ -40,7 +40,7 @@ from stopserve.api import (
     StatelessDecideRequest,
 )
 from stopserve.errors import AuthError
-from stopserve.service.engine import Engine, LogUnavailableError
+from stopserve.service.engine import Engine, LogUnavailableError, load_policy
 from stopserve.service.errors import error_response, install_error_handlers
 from stopserve.service.metrics import CONTENT_TYPE, Metrics
 from stopserve.settings import Settings, load_settings
@@ -281,8 +281,6 @@ def serve_command(args: argparse.Namespace) -> int:
     """``stopserve serve``: options override STOPSERVE_ settings; runs uvicorn."""
     import uvicorn
 
-    from stopserve.policy import Policy
-
     overrides: dict[str, Any] = {
         "model_dir": getattr(args, "model", None),
         "host": getattr(args, "host", None),
@@ -300,7 +298,7 @@ def serve_command(args: argparse.Namespace) -> int:
             from stopserve.errors import ModelNotFoundError
 
             raise ModelNotFoundError(f"{path}: no such model directory")
-        Policy.load(path)
+        load_policy(path)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

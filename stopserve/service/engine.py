@@ -41,6 +41,7 @@ from stopserve.api import (
 from stopserve.errors import (
     ConfigError,
     Issue,
+    ModelError,
     ModelIntegrityError,
     ModelNotFoundError,
     RunClosedError,
@@ -58,7 +59,7 @@ from stopserve.service.store import EvictionCause, MemoryRunStore, Run
 from stopserve.settings import Settings
 from stopserve.trace import Event, Stop, check_trace
 
-__all__ = ["Engine", "LogUnavailableError", "Serving"]
+__all__ = ["Engine", "LogUnavailableError", "Serving", "load_policy"]
 
 _log = logging.getLogger("stopserve.service")
 
@@ -144,7 +145,7 @@ class Engine:
             return Serving(policy, None, time.time(), None)
         if not path.exists():
             raise ModelNotFoundError(f"{path}: no such model directory")
-        policy = Policy.load(path)
+        policy = load_policy(path)
         names = policy.manifest.get("feature_names")
         if names is not None and list(names) != list(FEATURE_NAMES):
             raise ModelIntegrityError(f"{path}/manifest.json: feature_names differ from this featurizer's")
@@ -577,6 +578,19 @@ class Engine:
         except ConfigError as exc:
             issues = [Issue(i.message, path=f"{where}.{i.path}" if i.path else where) for i in exc.issues]
             raise ConfigError(f"invalid safety config in {where!r}", issues) from None
+
+
+def load_policy(path: Path) -> Policy:
+    """``Policy.load``, with a missing native library reported as a model error, not a crash."""
+    try:
+        return Policy.load(path)
+    except (ImportError, OSError) as exc:
+        if isinstance(exc, FileNotFoundError | PermissionError):
+            raise ModelNotFoundError(f"{path}: cannot read the model: {exc}") from None
+        raise ModelError(
+            f"{path}: cannot load LightGBM to use this model ({exc}); "
+            "on slim Linux images install the OpenMP runtime (libgomp1)"
+        ) from None
 
 
 def _decision_fields(d: StopDecision) -> dict[str, Any]:

@@ -66,7 +66,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     data=st.dictionaries(
         st.sampled_from(["trace_id", "task_id", "events", "edges", "stop", "budget", "costs"]), JSON
@@ -86,7 +86,7 @@ def _otel(data: Any) -> None:
         otel._convert("5b8efff798038103d269b633813fc60c", source)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(data=JSON)
 def test_importers_raise_only_importer_errors(data: Any) -> None:
     converters = [
@@ -118,7 +118,7 @@ MESSAGE = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(messages=st.lists(MESSAGE, max_size=5), reward=JSON)
 def test_openai_chat_messages(messages: list[dict[str, Any]], reward: Any) -> None:
     try:
@@ -127,7 +127,7 @@ def test_openai_chat_messages(messages: list[dict[str, Any]], reward: Any) -> No
         assert err.issues
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(messages=st.lists(MESSAGE, max_size=5), info=JSON)
 def test_mini_swe_agent_messages(messages: list[dict[str, Any]], info: Any) -> None:
     try:
@@ -182,7 +182,7 @@ SPAN = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(spans=st.lists(SPAN, min_size=1, max_size=4))
 def test_otel_spans(spans: list[dict[str, Any]]) -> None:
     try:

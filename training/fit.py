@@ -250,20 +250,40 @@ def _cap_grid(c: FloatArray, size: int = 16) -> list[float | None]:
     return [None, *(float(x) for x in qs)]
 
 
+Net = tuple[float | None, bool]  # (cost cap or None, loop detector on)
+
+
+def _net_options(c: FloatArray, loop: BoolArray, with_cap: bool) -> list[Net]:
+    """Safety nets tried with the model: each cost cap, with and without the loop detector."""
+    caps = _cap_grid(c) if with_cap else [None]
+    loops = (False, True) if loop.any() else (False,)
+    return [(cap, use_loop) for use_loop in loops for cap in caps]
+
+
+def _net_mask(dp: DecisionPoints, loop: BoolArray, net: Net) -> BoolArray:
+    cap, use_loop = net
+    mask = _cap_mask(dp, cap)
+    return mask | loop if use_loop else mask
+
+
 def _tune_rule(  # noqa: PLR0917
     dp: DecisionPoints,
     v: FloatArray,
     allowed: BoolArray,
     loop: BoolArray,
     lam: float,
-    caps: list[float | None],
-) -> tuple[float, float | None, float]:
-    """τ and the cost cap (a safety net shipped with the model), tuned jointly."""
-    best: tuple[float, float | None, float] = (math.inf, None, -math.inf)
-    for cap in caps:
-        tau, value = _tune_tau(dp, v, allowed, loop | _cap_mask(dp, cap), lam)
+    nets: list[Net],
+) -> tuple[float, Net, float]:
+    """τ and the safety nets shipped with the model (cost cap, loop detector), tuned jointly.
+
+    The nets are tuned, not assumed: on some runs the loop detector at default
+    thresholds stops runs that would have succeeded, and then it stays off.
+    """
+    best: tuple[float, Net, float] = (math.inf, (None, False), -math.inf)
+    for net in nets:
+        tau, value = _tune_tau(dp, v, allowed, _net_mask(dp, loop, net), lam)
         if value > best[2] + 1e-12:
-            best = (tau, cap, value)
+            best = (tau, net, value)
     return best
 
 
@@ -275,9 +295,9 @@ def _cv_value(  # noqa: PLR0917
     loop: BoolArray,
     lam: float,
     trace_fold: IntArray,
-    caps: list[float | None],
-) -> tuple[BoolArray, list[float], list[float | None]]:
-    """Nested tuning: fold f's rows use the τ and cost cap tuned for fold f's own model.
+    nets: list[Net],
+) -> tuple[BoolArray, list[float], list[Net]]:
+    """Nested tuning: fold f's rows use the τ and nets tuned for fold f's own model.
 
     ``inner[f]`` holds fold f's early-stopping rows and that model's V there: rows
     the model did not train on and fold f does not contain, so τ matches the scale
@@ -287,24 +307,27 @@ def _cv_value(  # noqa: PLR0917
     """
     stop = np.zeros(dp.n_rows, dtype=bool)
     taus: list[float] = []
-    fold_caps: list[float | None] = []
+    fold_nets: list[Net] = []
     row_fold = _row_folds(dp, trace_fold)
     all_traces = np.arange(dp.n_traces)
     for f in np.unique(trace_fold):
         va_rows, v_in = inner[int(f)]
         if va_rows.size:
             sub = dp.subset(np.unique(dp.trace_idx[va_rows]))
-            tau, cap, _ = _tune_rule(sub, v_in, allowed[va_rows], loop[va_rows], lam, caps)
+            tau, net, _ = _tune_rule(sub, v_in, allowed[va_rows], loop[va_rows], lam, nets)
         else:
             rows_other = row_fold != f
             sub = dp.subset(all_traces[trace_fold != f])
-            tau, cap, _ = _tune_rule(sub, v[rows_other], allowed[rows_other], loop[rows_other], lam, caps)
+            tau, net, _ = _tune_rule(sub, v[rows_other], allowed[rows_other], loop[rows_other], lam, nets)
         taus.append(tau)
-        fold_caps.append(cap)
+        fold_nets.append(net)
         mine = row_fold == f
-        extra = loop[mine] if cap is None else loop[mine] | (dp.c[mine] >= cap)
+        cap, use_loop = net
+        extra = (dp.c[mine] >= cap) if cap is not None else np.zeros(int(mine.sum()), dtype=bool)
+        if use_loop:
+            extra = extra | loop[mine]
         stop[mine] = ((v[mine] < -tau) & allowed[mine]) | extra
-    return stop, taus, fold_caps
+    return stop, taus, fold_nets
 
 
 def _cap_mask(dp: DecisionPoints, cap: float | None) -> BoolArray:
@@ -558,7 +581,7 @@ def fit_policy(
 
     allowed = dp.turn >= min_turns
     loop_stop = dp.loop.copy()
-    caps: list[float | None] = _cap_grid(dp.c) if with_cap else [None]
+    nets = _net_options(dp.c, loop_stop, with_cap)
     v_behavior = oof["q"] - oof["s"] - lam * oof["k"]
 
     # --------------------------------------------------------- optimal: fitted backward induction
@@ -572,10 +595,8 @@ def fit_policy(
             c_target = _Target("c", y, "regression", "identity", False)
             oof["c"], best_iters["c"], inner["c"] = cross_fit(c_target, bar)
             v_opt = oof["c"] - oof["s"]
-            opt_tau, opt_cap, _ = _tune_rule(dp, v_opt, allowed, loop_stop, lam, caps)
-            stop_rule = ((v_opt < -opt_tau) & allowed) | loop_stop
-            if opt_cap is not None:
-                stop_rule |= dp.c >= opt_cap
+            opt_tau, opt_net, _ = _tune_rule(dp, v_opt, allowed, loop_stop, lam, nets)
+            stop_rule = ((v_opt < -opt_tau) & allowed) | _net_mask(dp, loop_stop, opt_net)
             say(f"optimal pass {p + 1}/{OPTIMAL_PASSES}: tau {opt_tau:.4g}")
 
     # --------------------------------------------------------- CV values: learned vs heuristics
@@ -591,13 +612,13 @@ def fit_policy(
     for name in HEURISTICS:
         policies[name] = _summary(dp, masks[name], lam)
     v_cv = v_opt if v_opt is not None else v_behavior
-    learned_stop, fold_taus, fold_caps = _cv_value(
-        dp, v_cv, inner_v(lam, v_opt is not None), allowed, loop_stop, lam, trace_fold, caps
+    learned_stop, fold_taus, fold_nets = _cv_value(
+        dp, v_cv, inner_v(lam, v_opt is not None), allowed, loop_stop, lam, trace_fold, nets
     )
     policies["learned"] = _summary(dp, learned_stop, lam)
     if v_opt is not None:
         beh_stop, _, _ = _cv_value(
-            dp, v_behavior, inner_v(lam, False), allowed, loop_stop, lam, trace_fold, caps
+            dp, v_behavior, inner_v(lam, False), allowed, loop_stop, lam, trace_fold, nets
         )
         policies["learned_behavior_method"] = _summary(dp, beh_stop, lam)
     if bar is not None:
@@ -610,15 +631,17 @@ def fit_policy(
 
     # --------------------------------------------------------- tau on all out-of-fold rows
     v_final = v_opt if v_opt is not None else v_behavior
-    tau, cap, _ = _tune_rule(dp, v_final, allowed, loop_stop, lam, caps)
+    tau, net, _ = _tune_rule(dp, v_final, allowed, loop_stop, lam, nets)
+    cap, use_loop = net
+    net_stop = _net_mask(dp, loop_stop, net)
     if v_opt is not None:
         opt_tau = tau
-        tau, _ = _tune_tau(dp, v_behavior, allowed, loop_stop | _cap_mask(dp, cap), lam)
+        tau, _ = _tune_tau(dp, v_behavior, allowed, net_stop, lam)
     grid_lams = sorted({lam * m for m in LAMBDA_GRID} | {lam})
     grid_taus: list[float] = []
     for gl in grid_lams:
         v = oof["q"] - oof["s"] - gl * oof["k"]
-        t_gl, _ = _tune_tau(dp, v, allowed, loop_stop | _cap_mask(dp, cap), gl)
+        t_gl, _ = _tune_tau(dp, v, allowed, net_stop, gl)
         grid_taus.append(t_gl)
     model_acts = math.isfinite(opt_tau if v_opt is not None else tau)
     if ship_model and not model_acts:
@@ -669,7 +692,9 @@ def fit_policy(
         "policies": policies,
         "best_heuristic": best_heur,
         "fold_taus": fold_taus,
-        "fold_cost_caps": fold_caps,
+        "fold_cost_caps": [n[0] for n in fold_nets],
+        "fold_loop_detector": [n[1] for n in fold_nets],
+        "loop_detector": use_loop,
         "cost_cap": cap,
         "heuristic_params": heur_params.get(best_heur, []),
     }
@@ -678,7 +703,7 @@ def fit_policy(
 
         metrics["q_auc"] = float(roc_auc_score(targets["q"].y, oof["q"]))
     metrics["k_rmse"] = float(np.sqrt(np.mean((oof["k"] - targets["k"].y) ** 2)))
-    safety = _shipped_safety(min_turns, cap, dp.cost_unit)
+    safety = _shipped_safety(min_turns, cap, use_loop, dp.cost_unit)
     chosen = "learned" if ship_model else best_heur
     guard = {
         "learned_cv_value": learned_value,
@@ -742,11 +767,11 @@ def _version(manifest: Mapping[str, Any]) -> str:
     return f"{manifest.get('kind')}-{manifest.get('method')}-{time.strftime('%Y%m%d%H%M%S')}-{digest}"
 
 
-def _shipped_safety(min_turns: int, cap: float | None, cost_unit: str) -> Any:
-    """Safety nets shipped with a learned model: the loop detector, min_turns, and the tuned cost cap."""
+def _shipped_safety(min_turns: int, cap: float | None, loop: bool, cost_unit: str) -> Any:
+    """Safety nets shipped with a learned model: min_turns and the tuned cost cap and loop detector."""
     from training.heuristics import HeuristicRule
 
-    return HeuristicRule(cost_cap=cap, loop=True, min_turns=min_turns).to_safety_config(cost_unit)
+    return HeuristicRule(cost_cap=cap, loop=loop, min_turns=min_turns).to_safety_config(cost_unit)
 
 
 def _progress(total: int, desc: str, enabled: bool) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,3 +151,60 @@ def test_missing_source_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert rc == 2
     assert "nope: no such file or folder" in capsys.readouterr().err
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_v2_tool_call_trajectory(tmp_path: Path) -> None:
+    # mini-swe-agent 2.x ("mini-swe-agent-1.1"): native tool calls, role "tool" observations
+    # with extra.returncode, and a final role "exit" message (v2 migration guide)
+    def call(cid: str, command: str, created: int) -> dict[str, Any]:
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": cid,
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+                }
+            ],
+            "extra": {
+                "response": {"created": created, "usage": {"prompt_tokens": 50, "completion_tokens": 5}},
+                "cost": 0.001,
+            },
+        }
+
+    traj = {
+        "trajectory_format": "mini-swe-agent-1.1",
+        "instance_id": "astropy__astropy-12907",
+        "info": {
+            "exit_status": "Submitted",
+            "submission": "diff",
+            "model_stats": {"instance_cost": 0.003},
+            "config": {"agent": {"step_limit": 0, "cost_limit": 3.0}},
+        },
+        "messages": [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "task"},
+            call("c1", "ls", 100),
+            {"role": "tool", "tool_call_id": "c1", "content": "a.py", "extra": {"returncode": 0}},
+            call("c2", "python a.py", 103),
+            {"role": "tool", "tool_call_id": "c2", "content": "Traceback", "extra": {"returncode": 1}},
+            call("c3", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", 107),
+            {"role": "exit", "content": "diff", "extra": {"exit_status": "Submitted", "submission": "diff"}},
+        ],
+    }
+    path = tmp_path / "astropy__astropy-12907.traj.json"
+    path.write_text(json.dumps(traj))
+    (trace,) = read([path])
+    assert [(e.type, e.error) for e in trace.events] == [
+        ("tool_use", None),
+        ("return", False),
+        ("tool_use", None),
+        ("return", True),
+        ("tool_use", None),
+        ("stop", None),
+    ]
+    assert [e.t for e in trace.events if e.type == "tool_use"] == [0.0, 3.0, 7.0]
+    assert trace.events[0].tokens == 55 and trace.costs["usd"] == pytest.approx(0.003)
+    assert trace.budget is not None and trace.budget.max_turns is None and trace.budget.max_usd == 3.0
+    assert trace.events[-1].reason == "information_complete"

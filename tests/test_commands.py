@@ -123,3 +123,24 @@ def test_import_nothing_readable_writes_nothing(tmp_path: Path, capsys) -> None:
     assert "imported 0 traces" in captured.out and "skipped 1 (1x not valid JSON" in captured.out
     assert f"skipped: {src}:1: not valid JSON" in captured.err
     assert not out.exists() and list(tmp_path.iterdir()) == [src]
+
+
+@pytest.mark.parametrize("fmt", IMPORT_FORMATS)
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x00\x01\x02\xff" * 64, "binary content (NUL byte)"),
+        (b"", "file is empty"),
+        (b'{"a": [1, 2', "not valid JSON"),
+    ],
+)
+def test_import_bad_files_in_every_format(
+    tmp_path: Path, capsys, fmt: str, content: bytes, message: str
+) -> None:
+    src = tmp_path / "bad.traj.json"
+    src.write_bytes(content)
+    rc = main(["import", fmt, str(src), "-o", str(tmp_path / "o.jsonl"), "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert f"skipped: {src}" in captured.err and message in captured.err
+    assert "Traceback" not in captured.err + captured.out

@@ -84,6 +84,8 @@ def import_traces(args: argparse.Namespace) -> int:
 
     skipped: list[ImporterError] = []
     out = Path(args.output)
+    if out.is_dir():
+        raise TraceFormatError(f"{out}: is a folder; give the output file, e.g. {out / 'traces.jsonl'}")
     tmp = out.with_name(f".{out.name}.part")  # never leave a half-written OUT behind
     reader = IMPORTERS[args.format](args.sources, on_error=skipped.append, **options)
     try:
@@ -102,7 +104,10 @@ def import_traces(args: argparse.Namespace) -> int:
         if count == 0:
             tmp.unlink(missing_ok=True)
         else:
-            os.replace(tmp, out)
+            try:
+                os.replace(tmp, out)
+            except OSError as exc:
+                raise TraceFormatError(f"{out}: cannot write: {exc.strerror or exc}") from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

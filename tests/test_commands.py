@@ -144,3 +144,11 @@ def test_import_bad_files_in_every_format(
     assert rc == 2
     assert f"skipped: {src}" in captured.err and message in captured.err
     assert "Traceback" not in captured.err + captured.out
+
+
+def test_import_to_a_folder_or_missing_folder_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    src = _jsonl(tmp_path / "s.jsonl", _trace("a"))
+    assert main(["import", "survey", src, "-o", str(tmp_path), "--no-progress"]) == 2
+    assert "is a folder; give the output file" in capsys.readouterr().err
+    assert main(["import", "survey", src, "-o", str(tmp_path / "no" / "o.jsonl"), "--no-progress"]) == 2
+    assert "cannot write" in capsys.readouterr().err

@@ -39,8 +39,11 @@ def dockerfile_steps() -> tuple[list[tuple[str, str]], list[str]]:
 def test_dockerfile_steps_are_what_this_test_runs() -> None:
     copies, runs = dockerfile_steps()
     assert ("stopserve", "./stopserve") in copies and ("models/default", "./models/default") in copies
-    assert runs and runs[0].startswith("python -m pip install . ")
-    assert "--no-deps" not in runs[0]
+    pip = [r for r in runs if r.startswith("python -m pip install ")]
+    assert len(pip) == 1 and pip[0].startswith("python -m pip install . ")  # what the venv test runs
+    assert "--no-deps" not in pip[0]
+    # the only other step installs system libraries (libgomp1), present on the test machine
+    assert all(r.startswith("apt-get update") for r in runs if r not in pip)
 
 
 @pytest.mark.slow

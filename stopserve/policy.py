@@ -2,7 +2,9 @@
 
 ``V_stop(s; λ) = Q(s) − S(s) − λ·K(s)``: Q is the quality the run reaches at its
 own end if it continues, S the quality it would hand back if stopped now, K the
-cost still to be spent (cost units of the manifest). The policy stops when
+cost still to be spent (cost units of the manifest). Models trained by this
+version also carry D ≈ E[q_T − q_t | s], the gain of continuing fitted directly
+(less noisy than Q − S), and then ``V_stop = D − λ·K``. The policy stops when
 ``V_stop < −τ(λ)``; λ is a per-request dial and τ(λ) is interpolated from the grid
 tuned at training time. A ``--method optimal`` model also carries C, the value
 (quality at the later stop minus the cost spent until then) realised by the
@@ -448,8 +450,8 @@ class Policy:
     def predict_batch(self, X: FloatArray, lam: float) -> dict[str, npt.NDArray[Any]]:  # noqa: N803
         """Model outputs for many feature rows at once (fast replay).
 
-        Returns arrays ``q_continue``, ``q_stop``, ``cost_to_go``, ``v_stop`` and
-        ``stop`` (``v_stop < −τ(lam)``; the min_turns veto and safety nets are not
+        Returns arrays ``q_continue``, ``q_stop``, ``cost_to_go``, ``gain`` (E[q_T − q_t]),
+        ``v_stop`` and ``stop`` (``v_stop < −τ(lam)``; the min_turns veto and safety nets are not
         applied here). Raises :class:`ModelIntegrityError` on a heuristic policy.
         """
         if not self._boosters:
@@ -465,11 +467,19 @@ class Policy:
         q = self._post("q", raw[:, self._index["q"]])
         s = self._post("s", raw[:, self._index["s"]])
         k = self._post("k", raw[:, self._index["k"]])
+        gain = raw[:, self._index["d"]] if "d" in self._index else q - s
         if self._use_optimal(lam):
             v = self._post("c", raw[:, self._index["c"]]) - s
         else:
-            v = q - s - lam * k
-        return {"q_continue": q, "q_stop": s, "cost_to_go": k, "v_stop": v, "stop": v < -self.tau(lam)}
+            v = gain - lam * k
+        return {
+            "gain": gain,
+            "q_continue": q,
+            "q_stop": s,
+            "cost_to_go": k,
+            "v_stop": v,
+            "stop": v < -self.tau(lam),
+        }
 
     # ----------------------------------------------------------------- decide
 
@@ -525,6 +535,8 @@ class Policy:
                 k = self._post_one("k", float(raw[idx["k"]]))
                 if self._use_optimal(lam):
                     v = self._post_one("c", float(raw[idx["c"]])) - s
+                elif "d" in idx:
+                    v = float(raw[idx["d"]]) - lam * k
                 else:
                     v = q - s - lam * k
                 if not math.isfinite(v):

@@ -88,6 +88,8 @@ EARLY_STOPPING: Final = 30
 MAX_IPW: Final = 20.0
 #: Standard errors a tuned τ's gain must clear (see ``_tune_tau``).
 PESSIMISM: Final = 1.0
+#: V_stop from the direct gain model D (else from Q − S).
+GAIN_MODEL: Final = True
 #: Passes of fitted backward induction for ``method="optimal"``.
 OPTIMAL_PASSES: Final = 3
 #: Multiples of the chosen λ at which τ is tuned too (the λ dial without retraining).
@@ -330,6 +332,11 @@ def _cv_value(  # noqa: PLR0917
     return stop, taus, fold_nets
 
 
+def _gain(q: FloatArray, s: FloatArray, d: FloatArray) -> FloatArray:
+    """E[q_T − q_t | s]: the direct model D, or Q − S when ``GAIN_MODEL`` is off."""
+    return d if GAIN_MODEL else q - s
+
+
 def _cap_mask(dp: DecisionPoints, cap: float | None) -> BoolArray:
     return np.zeros(dp.n_rows, dtype=bool) if cap is None else np.asarray(dp.c >= cap)
 
@@ -523,6 +530,8 @@ def fit_policy(
         "q": _target("q", dp.q_final),
         "s": _target("s", dp.q),
         "k": _target("k", np.maximum(dp.c_final - dp.c, 0.0)),
+        # the gain of continuing, fitted directly: Q − S from two models adds their errors
+        "d": _Target("d", dp.q_final - dp.q, "regression", "identity", False),
     }
     rng = np.random.default_rng(seed)
     rows_all = np.arange(dp.n_rows, dtype=np.int64)
@@ -554,12 +563,12 @@ def fit_policy(
                 bar.update(1)
         return oof, iters, inner_preds
 
-    n_steps = k * (3 + (OPTIMAL_PASSES if method == "optimal" else 0)) + 4
+    n_steps = k * (4 + (OPTIMAL_PASSES if method == "optimal" else 0)) + 4
     bar = _progress(n_steps, "training", progress)
     oof: dict[str, FloatArray] = {}
     best_iters: dict[str, list[int]] = {}
     inner: dict[str, list[FloatArray]] = {}
-    for name in ("q", "s", "k"):
+    for name in ("q", "s", "k", "d"):
         oof[name], best_iters[name], inner[name] = cross_fit(targets[name], bar)
     calibration: dict[str, dict[str, list[float]] | None] = {}
     for name in ("q", "s"):
@@ -576,13 +585,13 @@ def fit_policy(
             if use_c:
                 out.append((va, inner["c"][f] - inner["s"][f]))
             else:
-                out.append((va, inner["q"][f] - inner["s"][f] - lam_ * inner["k"][f]))
+                out.append((va, _gain(inner["q"][f], inner["s"][f], inner["d"][f]) - lam_ * inner["k"][f]))
         return out
 
     allowed = dp.turn >= min_turns
     loop_stop = dp.loop.copy()
     nets = _net_options(dp.c, loop_stop, with_cap)
-    v_behavior = oof["q"] - oof["s"] - lam * oof["k"]
+    v_behavior = _gain(oof["q"], oof["s"], oof["d"]) - lam * oof["k"]
 
     # --------------------------------------------------------- optimal: fitted backward induction
     c_target: _Target | None = None
@@ -640,7 +649,7 @@ def fit_policy(
     grid_lams = sorted({lam * m for m in LAMBDA_GRID} | {lam})
     grid_taus: list[float] = []
     for gl in grid_lams:
-        v = oof["q"] - oof["s"] - gl * oof["k"]
+        v = _gain(oof["q"], oof["s"], oof["d"]) - gl * oof["k"]
         t_gl, _ = _tune_tau(dp, v, allowed, net_stop, gl)
         grid_taus.append(t_gl)
     model_acts = math.isfinite(opt_tau if v_opt is not None else tau)
@@ -758,6 +767,7 @@ _TARGET_DOC: Final = {
     "q": "E[q_T | s_t]: quality at the run's own end",
     "s": "E[q_t | s_t]: quality if stopped now",
     "k": "E[c_T - c_t | s_t]: cost still to be spent",
+    "d": "E[q_T - q_t | s_t]: quality gained by continuing (V_stop = D - lambda K)",
     "c": "E[q_tau - lambda (c_tau - c_t) | s_t] under the fitted later rule",
 }
 

@@ -32,7 +32,7 @@ def test_learned_policy_beats_heuristics_on_a_learnable_signal(dp) -> None:  # t
     assert pol["learned"]["value"] > pol["behavior"]["value"]
     assert pol["learned"]["value"] > pol[result.cv["best_heuristic"]]["value"]
     assert pol["learned"]["value"] <= pol["oracle"]["value"] + 1e-12
-    assert set(result.models) == {"q", "s", "k"}
+    assert set(result.models) == {"q", "s", "k", "d"}
     assert result.cv["q_auc"] > 0.8  # failing runs show their errors and repetitions
     # repetition / error features carry the signal
     top = list(result.importance)[:10]
@@ -76,11 +76,9 @@ def test_optimal_method_fits_c_and_serves_it(dp, tmp_path: Path) -> None:  # typ
     policy = Policy.load(result.save(tmp_path / "opt"))
     at_opt = policy.predict_batch(dp.X[:50], 2.0)
     other = policy.predict_batch(dp.X[:50], 1.0)
-    # at the fitted lambda V = C - S; elsewhere the Q - S - lambda K dial
-    assert not np.allclose(
-        at_opt["v_stop"], at_opt["q_continue"] - at_opt["q_stop"] - 2.0 * at_opt["cost_to_go"]
-    )
-    np.testing.assert_allclose(other["v_stop"], other["q_continue"] - other["q_stop"] - other["cost_to_go"])
+    # at the fitted lambda V = C - S; elsewhere the D - lambda K dial
+    assert not np.allclose(at_opt["v_stop"], at_opt["gain"] - 2.0 * at_opt["cost_to_go"])
+    np.testing.assert_allclose(other["v_stop"], other["gain"] - other["cost_to_go"])
 
 
 def test_next_stop_value_matches_brute_force(dp) -> None:  # type: ignore[no-untyped-def]

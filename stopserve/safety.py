@@ -34,7 +34,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -177,8 +176,6 @@ class SafetyConfig(BaseModel):
     any: list[SafetyConfig] | None = None
     all: list[SafetyConfig] | None = None
 
-    _min_turns: int = PrivateAttr(default=0)
-
     @model_validator(mode="before")
     @classmethod
     def _loop_switch(cls, data: Any) -> Any:
@@ -186,10 +183,6 @@ class SafetyConfig(BaseModel):
             data = dict(data)
             data["loop"] = {"enabled": bool(data["loop"])}
         return data
-
-    def model_post_init(self, context: Any, /) -> None:
-        children = [*(self.any or ()), *(self.all or ())]
-        self._min_turns = max([self.min_turns, *(c._min_turns for c in children)])
 
     # ------------------------------------------------------------------ composing
 
@@ -210,11 +203,16 @@ class SafetyConfig(BaseModel):
     @property
     def effective_min_turns(self) -> int:
         """The largest ``min_turns`` anywhere in the config."""
-        return self._min_turns
+        # no cached private attribute: pydantic private-attribute reads cost microseconds
+        if not self.any and not self.all:
+            return self.min_turns
+        children = [*(self.any or ()), *(self.all or ())]
+        deepest: int = max([self.min_turns, *(int(c.effective_min_turns) for c in children)])
+        return deepest
 
     def allows_stop(self, state: RunState) -> bool:
         """Whether a model, proposed or quality stop may happen now (``min_turns`` reached)."""
-        return state.turn >= self._min_turns
+        return state.turn >= self.effective_min_turns
 
     def check(self, state: RunState) -> SafetyStop | None:
         """The safety stop that applies to ``state`` now, or ``None`` to go on.
@@ -227,7 +225,7 @@ class SafetyConfig(BaseModel):
                 cap = getattr(budget, key)
                 if cap is not None and _used(state, limit) >= cap:
                     return self._budget_stop(state, key, limit, cap, "the run's budget")
-        return self._check(state, state.turn >= self._min_turns)
+        return self._check(state, state.turn >= self.effective_min_turns)
 
     def _budget_stop(self, state: RunState, key: str, limit: Limit, cap: float, whose: str) -> SafetyStop:
         used = _used(state, limit)

@@ -357,3 +357,30 @@ def test_a_batch_repeating_an_earlier_event_is_fine() -> None:
     s = RunState()
     assert s.fold_many([ev(0, "return", t=1), ev(1, "return", t=2), ev(0, "return", t=1)]) == 2
     assert s.turn == 2
+
+
+def test_memory_stays_bounded_on_a_long_run() -> None:
+    import gc
+    import tracemalloc
+
+    def grow(state: RunState, start: int, n: int) -> None:
+        for i in range(start, start + n):
+            kind = ("tool_use", "return", "communicate", "reward")[i % 4]
+            extra: dict[str, Any] = {"value": (i % 7) / 7} if kind == "reward" else {}
+            state.fold(ev(i, kind, agent=f"a{i % 5}", content_ref=f"ref-{i}", tokens=3, **extra))
+
+    s = RunState(seen_window=200, ref_window=200)
+    tracemalloc.start()
+    try:
+        grow(s, 0, 2_000)
+        gc.collect()
+        after_2k = tracemalloc.get_traced_memory()[0]
+        grow(s, 2_000, 6_000)
+        gc.collect()
+        after_8k = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    # every id and ref is new, yet four times the events hold no more memory
+    # (bounded windows; a leak of ~100 bytes per event would add ~600 kB)
+    assert after_8k < after_2k * 1.3 + 50_000, (after_2k, after_8k)
+    assert s.n_events == 8_000 and s.tokens == 24_000

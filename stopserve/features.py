@@ -69,6 +69,7 @@ _MAX_CHANNELS: Final = 64
 #: Longest period (in events) the repeated-cycle counter looks for.
 CYCLE_MAX_PERIOD: Final = 24
 _SIG_POS_CAP: Final = 8 * CYCLE_MAX_PERIOD
+_CHECKED: Final = operator.itemgetter("id", "t", "tokens", "usd")
 _FIELDS: Final = operator.itemgetter(
     "id", "t", "tokens", "usd", "type", "agent", "content_ref", "tool", "to", "value", "error"
 )
@@ -313,12 +314,20 @@ class RunState:
         batch = events if isinstance(events, list | tuple) else list(events)
         last_t = self._last_t
         fresh: set[str] = set()
+        ids = self._ids
         for i, event in enumerate(batch):
-            if event.id in self._ids or event.id in fresh:
+            eid, t, tok, usd = _CHECKED(event.__dict__)
+            if eid in ids or eid in fresh:
                 continue
-            fresh.add(event.id)
-            self._check(event, last_t, index=i)
-            last_t = event.t
+            fresh.add(eid)
+            if (
+                not 0.0 <= t < _INF
+                or (last_t is not None and t < last_t)
+                or (tok is not None and not 0 <= tok < _INF)
+                or (usd is not None and not 0.0 <= usd < _INF)
+            ):
+                self._check(event, last_t, index=i)
+            last_t = t
         folded = 0
         for event in batch:
             folded += self.fold(event)

@@ -327,6 +327,8 @@ class RunState:
                 or (usd is not None and not 0.0 <= usd < _INF)
             ):
                 self._check(event, last_t, index=i)
+            if event.type not in self._counts:
+                self._check(event, last_t, index=i)
             last_t = t
         folded = 0
         for event in batch:
@@ -347,6 +349,10 @@ class RunState:
         usd = event.usd
         if usd is not None and not (usd >= 0 and usd != math.inf):
             problems.append(Issue(f"usd must be a finite number >= 0, got {usd}", path=f"{where}.usd"))
+        if event.type not in EVENT_TYPES:
+            problems.append(
+                Issue(f"{event.type!r} is not one of {', '.join(EVENT_TYPES)}", path=f"{where}.type")
+            )
         if problems:
             raise TraceValidationError(f"event {event.id!r} cannot be folded", problems)
 
@@ -365,6 +371,7 @@ class RunState:
             or (last_t is not None and t < last_t)
             or (tok is not None and not 0 <= tok < _INF)
             or (usd is not None and not 0.0 <= usd < _INF)
+            or kind not in self._counts
         ):
             self._check(event, last_t)
 

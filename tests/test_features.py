@@ -386,3 +386,15 @@ def test_memory_stays_bounded_on_a_long_run() -> None:
     # (bounded windows; a leak of ~100 bytes per event would add ~600 kB)
     assert after_8k < after_2k * 1.3 + 50_000, (after_2k, after_8k)
     assert s.n_events == 8_000 and s.tokens == 24_000
+
+
+def test_unknown_event_type_on_a_constructed_event_is_refused() -> None:
+    bad = Event.model_construct(id="e1", t=0.0, type="spwan", agent="a")
+    s = RunState()
+    with pytest.raises(TraceValidationError) as info:
+        s.fold_many([ev(0, "return"), bad])
+    assert info.value.issues[0].path == "events[1].type" and "spwan" in str(info.value)
+    assert s.n_events == 0
+    with pytest.raises(TraceValidationError):
+        s.fold(bad)
+    assert s.n_events == 0 and not s.seen("e1")

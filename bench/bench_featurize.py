@@ -86,8 +86,8 @@ def _swe_runs(limit: int) -> list[list[Any]] | str:
 
 
 def bench_fold(sec: Section, features: ModuleType, size: str) -> None:
-    n = {"tiny": 3_000, "quick": 60_000, "full": 300_000}[size]
-    repeats = {"tiny": 1, "quick": 3, "full": 5}[size]
+    n = {"tiny": 3_000, "quick": 60_000, "full": 150_000}[size]
+    repeats = {"tiny": 1, "quick": 3, "full": 3}[size]
     runs = _events(n, 300)
     cases: list[tuple[str, list[list[Any]]]] = [("synthetic, 300 events per run", runs)]
     if size != "tiny":

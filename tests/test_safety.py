@@ -360,3 +360,15 @@ def test_cycles_without_content_refs_do_not_count() -> None:
         s.fold(ev(i, "delegate", agent="o", to="w"))
         s.fold(ev(i + 1, "return", agent="w"))
     assert s.loop_run("repeated_cycle") == 0 and SafetyConfig().check(s) is None
+
+
+def test_first_stop_replays_the_run_budget() -> None:
+    events = [{"id": f"e{i}", "t": float(i), "type": "return", "agent": "a"} for i in range(6)]
+    trace = Trace.model_validate(
+        {"trace_id": "r", "task_id": "t", "events": events, "budget": {"max_turns": 4}}
+    )
+    found = SafetyConfig().first_stop(trace)
+    assert found is not None
+    turn, index, stop = found
+    assert (turn, index, stop.limit, stop.reason) == (4, 3, "turns", "budget_exhausted")
+    assert SafetyConfig().first_stop(trace.model_copy(update={"budget": None})) is None

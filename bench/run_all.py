@@ -136,8 +136,9 @@ def render(docs: list[dict[str, Any]], argv: list[str], started: dt.datetime, fa
     lines = [
         "# stopserve benchmark results",
         "",
-        "Every figure below was produced by one command on this machine, in one run; nothing is "
-        "edited by hand. The machine is shared (2 cores, other work running), so absolute figures are "
+        "Every figure below was produced by one command on this machine, in one run; the only "
+        "hand-written part is the last section, which reads them. The machine is shared (2 cores, "
+        "other work running), so absolute figures are "
         "noisy: each section compares against a baseline measured in the same run, and the ratios are "
         "the figures to read.",
         "",

@@ -25,8 +25,13 @@ def dp():  # type: ignore[no-untyped-def]
     return build_decision_points(synth_traces(160, seed=2))
 
 
-def test_learned_policy_beats_heuristics_on_a_learnable_signal(dp) -> None:  # type: ignore[no-untyped-def]
-    result = fit_policy(dp, lam=2.0, **FAST)
+@pytest.fixture(scope="module")
+def fitted(dp):  # type: ignore[no-untyped-def]
+    return fit_policy(dp, lam=2.0, **FAST)
+
+
+def test_learned_policy_beats_heuristics_on_a_learnable_signal(dp, fitted) -> None:  # type: ignore[no-untyped-def]
+    result = fitted
     pol = result.cv["policies"]
     assert result.manifest["kind"] == "model" and result.chosen == "learned"
     assert pol["learned"]["value"] > pol["behavior"]["value"]
@@ -44,17 +49,17 @@ def test_learned_policy_beats_heuristics_on_a_learnable_signal(dp) -> None:  # t
     assert result.timings["lightgbm_train_s"] > 0
 
 
-def test_cv_value_is_honest_replay(dp) -> None:  # type: ignore[no-untyped-def]
+def test_cv_value_is_honest_replay(dp, fitted) -> None:  # type: ignore[no-untyped-def]
     # the reported behavior value is the replay of "never stop", the oracle the hindsight best
-    result = fit_policy(dp, lam=2.0, **FAST)
+    result = fitted
     never = replay(dp, np.zeros(dp.n_rows, dtype=bool), 2.0)
     assert result.cv["policies"]["behavior"]["value"] == pytest.approx(never.mean_value)
     best = np.maximum.reduceat(dp.r_stop(2.0), dp.offsets[:-1]).mean()
     assert result.cv["policies"]["oracle"]["value"] == pytest.approx(best)
 
 
-def test_saved_model_round_trips(dp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    result = fit_policy(dp, lam=2.0, **FAST)
+def test_saved_model_round_trips(dp, fitted, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    result = fitted
     out = result.save(tmp_path / "m")
     art = load_model_dir(out)
     assert art.manifest["default_lambda"] == 2.0 and art.manifest["method"] == "behavior"

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from _common import Section, Target, details, load, median, parser, percentile, profile_text
+from _common import ROOT, Section, Target, details, load, median, parser, percentile, profile_text
 from _events import decision_event, event_dicts
 from _model import model_dir
 
@@ -133,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         loaded = policy_mod.Policy.load(mdir)
         policies.append(("model" if loaded.kind == "model" else f"model dir of kind {loaded.kind}", loaded))
         sec.add(f"Model: {how}; kind `{policies[0][1].kind}`, version `{policies[0][1].model_version}`.", "")
+    shipped = ROOT / "models" / "default"
+    if args.size != "tiny" and mdir != shipped and (shipped / "manifest.json").is_file():
+        try:
+            default = policy_mod.Policy.load(shipped)
+        except Exception as exc:  # a stale shipped model is worth a line, not a crash
+            sec.skip(f"could not load models/default: {exc}")
+        else:
+            policies.append((f"shipped models/default ({default.kind})", default))
     policies.append(("safety only (baseline)", policy_mod.Policy.safety_only(safety)))
 
     rows = []

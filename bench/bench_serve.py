@@ -271,13 +271,13 @@ def main(argv: list[str] | None = None) -> int:
             }
             servers.append(Server(f"stopserve, log {label}", "_apps:stopserve_app", env, log_dir))
         if size != "tiny":
-            # as users start it: `stopserve serve` with its own uvicorn settings (not in the targets)
+            # as users start it: `stopserve serve`, its own uvicorn settings, same model (not in targets)
             shipped_log = workdir / "serve-log-cli"
             shutil.rmtree(shipped_log, ignore_errors=True)
             model_opt = ["--model", str(mdir)] if mdir else ["--no-model"]
             servers.append(
                 Server(
-                    "`stopserve serve` as shipped",
+                    "`stopserve serve` CLI defaults",
                     "",
                     log_dir=shipped_log,
                     argv=[sys.executable, "-m", "stopserve.cli", "serve", "--port", "{port}",
@@ -392,9 +392,9 @@ def report(
             "",
         )
         sec.table(["server", "requests completed", "log lines"], log_rows)
-    if "`stopserve serve` as shipped" in results:
+    if "`stopserve serve` CLI defaults" in results:
         sec.add(
-            "`stopserve serve` as shipped is started by its own command (`stopserve serve --model M "
+            "`stopserve serve` CLI defaults: started by its own command (`stopserve serve --model M "
             "--log-dir D`: uvicorn defaults, decision log on with the default fsync policy), not with the "
             "flags above, so it is shown for information and left out of the targets.",
             "",

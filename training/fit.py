@@ -498,6 +498,8 @@ def fit_policy(
         raise TrainingError(
             f"decision points have {dp.X.shape[1]} features, the featurizer has {len(FEATURE_NAMES)}"
         )
+    if folds < 2:
+        raise TrainingError(f"--folds must be at least 2 for cross-validation, got {folds}")
     lam = default_lambda(dp.cost_unit) if lam is None else float(lam)
     if not (math.isfinite(lam) and lam >= 0):
         raise TrainingError(f"lambda must be a finite number >= 0, got {lam}")

@@ -128,6 +128,8 @@ def test_too_little_data_is_refused() -> None:
     one = build_decision_points(synth_traces(1))
     with pytest.raises(TrainingError, match="at least 2 traces"):
         fit_policy(one, lam=1.0)
+    with pytest.raises(TrainingError, match="folds"):
+        fit_policy(build_decision_points(synth_traces(10)), folds=1)
     with pytest.raises(TrainingError, match="method"):
         fit_policy(build_decision_points(synth_traces(10)), method="magic")
 

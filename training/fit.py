@@ -1,18 +1,23 @@
-"""Learn a stop policy from decision points: LightGBM Q, S, K (and C), τ, and the guard.
+"""Learn a stop policy from decision points: LightGBM Q, S, K, D (and C), τ, and the guard.
 
 Targets, one row per decision point (``training.labels``):
 
 - Q(s) ≈ E[q_T | s_t]: the quality the run reaches at its own end (``q_final``);
 - S(s) ≈ E[q_t | s_t]: the quality it would hand back if stopped now (``q``);
-- K(s) ≈ E[c_T − c_t | s_t]: the cost still to be spent (``c_final − c``).
+- K(s) ≈ E[c_T − c_t | s_t]: the cost still to be spent (``c_final − c``);
+- D(s) ≈ E[q_T − q_t | s_t]: the gain of continuing, fitted directly (Q − S from
+  two models would add their errors).
 
-``V_stop = Q − S − λ·K``; the policy stops when ``V_stop < −τ``. Everything is
-cross-fitted with grouped k-fold (a task, or a repository with ``group_by="repo"``,
-is never split): out-of-fold predictions tune τ (nested: each fold's τ is tuned on
-the other folds) and give the cross-validated value, compared with every tuned
-heuristic cross-fitted on the same folds. The learned policy ships only when it
-beats the best of them; otherwise that heuristic ships (a pure-heuristic model
-directory) and the summary says so.
+``V_stop = Q − S − λ·K``, computed as ``D − λ·K``; the policy stops when
+``V_stop < −τ``. Everything is cross-fitted with grouped k-fold (a task, or a
+repository with ``group_by="repo"``, is never split). Each fold's τ, and the safety
+nets shipped with the model (a cost cap, the loop detector on or off), are tuned
+on that fold model's early-stopping rows, pessimistically (mean gain minus one
+standard error); the fold is then scored with them, which gives the
+cross-validated value, compared with every tuned heuristic cross-fitted on the
+same folds. The learned policy ships only when it beats the best of them;
+otherwise that heuristic ships (a pure-heuristic model directory) and the
+summary says so.
 
 ``method="optimal"`` adds C(s), fitted backward induction for one λ in the manner
 of Longstaff–Schwartz: C is regressed on the value *realised* under the later
@@ -20,9 +25,10 @@ rule already learned (``q_τ − λ·(c_τ − c_t)`` at the rule's next stop, o
 logged end), not on ``max(g, Ĉ)``; the rule is refined over a few passes, each
 built from out-of-fold predictions so no trace's targets come from a model that saw it.
 
-Bad input: no traces / no outcome are refused by ``training.labels``; a single
-group falls back to folds over traces (said loudly); all successes or all
-failures train constant Q (documented in docs/training.md).
+Bad input: no traces / no outcome are refused by ``training.labels``; fewer than
+2 traces or folds are refused; a single group falls back to folds over traces
+(said loudly); all successes or all failures train a constant Q (documented in
+docs/training.md).
 """
 
 from __future__ import annotations

@@ -39,6 +39,18 @@ class Metrics:
         self.log_errors = Counter("stopserve_log_write_errors", "Log lines that failed to write", registry=r)
         self.reloads = Counter("stopserve_reloads", "Admin reloads by result", ["result"], registry=r)
         self.outcomes = Counter("stopserve_outcomes", "Runs closed with an outcome", registry=r)
+        self._decision_children: dict[tuple[str, str | None, str | None], Counter] = {}
+
+    def count_decision(self, action: str, reason: str | None, safety_net: str | None) -> None:
+        """Count one decision (the labelled child is cached: no label lookup per request)."""
+        key = (action, reason, safety_net)
+        child = self._decision_children.get(key)
+        if child is None:
+            child = self.decisions.labels(
+                action=action, reason=reason or "none", safety_net=safety_net or "none"
+            )
+            self._decision_children[key] = child
+        child.inc()
 
     def set_model(self, version: str | None, kind: str) -> None:
         """Point the model gauge at the model now served."""

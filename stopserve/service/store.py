@@ -13,6 +13,7 @@ events kept for the trace log (compact JSON text, bounded by
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import OrderedDict
@@ -49,7 +50,9 @@ class Run:
     n_decisions: int = 0
     last_response: dict[str, Any] | None = None
     last_proposed: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    last_event_id: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)  # its state, against the thread pool
+    alock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its decide calls, across the log wait
 
 
 class RunStore(Protocol):

@@ -68,7 +68,7 @@ def make(path: Path, n_points: int, seed: int = 0) -> tuple[int, int, str]:
     run(stopserve_cmd("simulate", "--n", "200", "--seed", str(seed + 1), "-o", str(pilot)), timeout=600)
     p_traces, p_points = count_points(pilot)
     pilot.unlink()
-    n = max(2, int(n_points / max(p_points / p_traces, 1.0) * 1.03) + 1)
+    n = max(2, int(n_points / max(p_points / p_traces, 1.0) * 1.06) + 1)  # margin: never fall short
     run(stopserve_cmd("simulate", "--n", str(n), "--seed", str(seed), "-o", str(path)), timeout=1800)
     traces, points = count_points(path)
     return traces, points, f"`stopserve simulate --n {n} --seed {seed}`"

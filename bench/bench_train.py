@@ -99,11 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         "`/usr/bin/time -v`'s maximum resident set size of the whole `stopserve train` process.",
         "",
     )
-    if points < 1_000_000:
+    if n_points < 1_000_000:
         why = (
             f"peak memory and fit/raw ratio on 1,000,000 decision points (this run: {points:,}, to fit the "
             "suite's time budget): `python bench/run_all.py --only train --train-points 1000000 "
-            "--output bench/RESULTS-1m.md`"
+            "--output bench/RESULTS-1m.md` (committed next to this file)"
         )
         sec.missing.append(why)
         sec.add(f"- Not measured in this run: {why}.", "")

@@ -131,7 +131,10 @@ def _stub(name: str, why: str, command: str = "", tail: str = "", took: float = 
             "missing": [why], "targets": [], "seconds": took}  # fmt: skip
 
 
-def render(docs: list[dict[str, Any]], argv: list[str], started: dt.datetime, facts: dict[str, Any]) -> str:
+def render(
+    docs: list[dict[str, Any]], argv: list[str], started: dt.datetime, facts: dict[str, Any], complete: bool
+) -> str:
+    """RESULTS.md; the hand-written reading (NOTES.md) only when every section ran."""
     took = sum(d.get("seconds", 0.0) for d in docs)
     lines = [
         "# stopserve benchmark results",
@@ -165,7 +168,7 @@ def render(docs: list[dict[str, Any]], argv: list[str], started: dt.datetime, fa
     lines.append("")
     for d in docs:
         lines += [d["markdown"].rstrip(), ""]
-    if notes.exists():
+    if notes.exists() and complete:
         lines += [
             "## Reading the misses (written by hand from the profiles above)",
             "",
@@ -224,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    args.output.write_text(render(docs, [str(Path(__file__)), *(argv or sys.argv[1:])], started, facts))
+    shown = [str(Path(__file__)), *(argv or sys.argv[1:])]
+    args.output.write_text(render(docs, shown, started, facts, complete=not args.only))
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
 

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="stopserve-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    n_points = args.points or {"tiny": 1_000, "quick": 50_000, "full": 100_000}[args.size]
+    n_points = args.points or {"tiny": 1_000, "quick": 30_000, "full": 50_000}[args.size]
     folds = {"tiny": 2, "quick": 3, "full": 3}[args.size]
     traces_path = workdir / f"train-{n_points}.jsonl"
     n_traces, points, how = make(traces_path, n_points, seed=5)

@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "--train-points",
         type=int,
         metavar="N",
-        help="decision points for the training benchmark (default 100,000; 1,000,000 takes long here)",
+        help="decision points for the training benchmark (default 50,000 in the full run)",
     )
     p.add_argument("--output", type=Path, default=BENCH / "RESULTS.md")
     p.add_argument("--workdir", type=Path, help="scratch folder (default: a temporary one, removed after)")

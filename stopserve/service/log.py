@@ -61,6 +61,7 @@ class JsonlLog:
         self.fsync_interval_s = fsync_interval_s
         self.max_bytes = max_bytes
         self.lines = 0
+        self.commits = 0  # fsyncs of group commit batches (concurrent lines share one)
         self._lock = threading.Lock()  # guards the descriptor, rotation and the counters
         self._dirty = False
         self._closed = False
@@ -209,6 +210,7 @@ class JsonlLog:
                 with self._lock:
                     self._write_locked([data for data, _ in batch])
                     os.fsync(self._fd)
+                    self.commits += 1
             except OSError as exc:
                 error = exc
             _wake([w for _, w in batch], error)

@@ -45,7 +45,7 @@ class Run:
     safety: Any = None  # SafetyConfig for this run, if the caller gave one
     events: list[str] = field(default_factory=list)  # compact JSON of each event
     event_ids: set[str] = field(default_factory=set)
-    decisions: dict[int, dict[str, Any]] = field(default_factory=dict)
+    decisions: dict[int, str] = field(default_factory=dict)  # event index -> its decision (JSON)
     last_t: float = 0.0
     n_decisions: int = 0
     last_response: dict[str, Any] | None = None

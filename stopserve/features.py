@@ -132,6 +132,7 @@ FEATURE_NAMES: Final[tuple[str, ...]] = (
     *(f"topology_{name}" for name in TOPOLOGIES),
     "stop_proposals",
     "turns_since_proposal",
+    "rounds_at_best",
 )
 
 _N_FEATURES: Final = len(FEATURE_NAMES)
@@ -169,7 +170,10 @@ class RunState:
         "_active_window",
         "_agent_ret_ref",
         "_agents",
+        "_agg_ref",
+        "_agg_repeat",
         "_alt_len",
+        "_at_best",
         "_best",
         "_best_tokens",
         "_best_turn",
@@ -295,6 +299,10 @@ class RunState:
         self._best: float | None = None
         self._best_turn = 0
         self._best_tokens = 0
+        # rounds that kept the best reward: the evidence that it is the run's ceiling
+        self._at_best = 0
+        self._agg_ref: str | None = None
+        self._agg_repeat = False
         # structure
         self._proposals = 0
         self._last_proposal_turn: int | None = None
@@ -488,6 +496,10 @@ class RunState:
             return True
         elif kind != "aggregate":
             return True
+        else:
+            # an answer repeating the previous one is a stuck round: no evidence on the ceiling
+            self._agg_repeat = ref is not None and ref == self._agg_ref
+            self._agg_ref = ref
         # a decision point follows this event (stopserve.trace.is_decision_point)
         self._turn += 1
         tokens = self._tokens
@@ -575,6 +587,9 @@ class RunState:
             self._best = value
             self._best_turn = self._turn + 1
             self._best_tokens = self._tokens
+            self._at_best = 0
+        elif value == self._best and self._prev_reward == value and not self._agg_repeat:
+            self._at_best += 1
 
     # ------------------------------------------------------------------ reading
 
@@ -643,6 +658,7 @@ class RunState:
             *topo,
             self._proposals,
             _NAN if self._last_proposal_turn is None else turn - self._last_proposal_turn,
+            _NAN if best is None else self._at_best,
         ]
         # fromiter: 3x faster than np.array on a short list of mixed ints and floats
         return np.fromiter(values, dtype=np.float64, count=_N_FEATURES)

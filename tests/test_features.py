@@ -340,7 +340,9 @@ def test_real_swe_runs_fold(swe_dir: Path) -> None:
 
 
 def _may_be_nan(name: str) -> bool:
-    return name.startswith(("budget_share", "reward_", "turns_since", "tokens_since", "consensus_share"))
+    return name.startswith(
+        ("budget_share", "reward_", "turns_since", "tokens_since", "consensus_share", "rounds_at_best")
+    )
 
 
 def test_docs_table_lists_every_feature_in_order() -> None:
@@ -398,3 +400,31 @@ def test_unknown_event_type_on_a_constructed_event_is_refused() -> None:
     with pytest.raises(TraceValidationError):
         s.fold(bad)
     assert s.n_events == 0 and not s.seen("e1")
+
+
+def test_rounds_at_best_counts_working_rounds_that_kept_the_best() -> None:
+    s = RunState()
+    t = 0.0
+
+    def ev(kind: str, **kw: object) -> Event:
+        nonlocal t
+        t += 1.0
+        return Event.model_validate({"id": f"e{t:g}", "t": t, "type": kind, "agent": "orch", **kw})
+
+    def round_(ref: str, value: float) -> None:
+        s.fold(ev("aggregate", content_ref=ref))
+        s.fold(ev("reward", value=value))
+
+    assert math.isnan(feat(s, "rounds_at_best"))
+    round_("a1", 0.3)
+    assert feat(s, "rounds_at_best") == 0
+    round_("a2", 0.3)  # kept the best after new work
+    round_("a3", 0.3)
+    assert feat(s, "rounds_at_best") == 2
+    round_("a3", 0.3)  # stuck: the same answer again says nothing about the ceiling
+    assert feat(s, "rounds_at_best") == 2
+    round_("a4", 0.2)  # regression: no evidence either
+    round_("a5", 0.3)  # back to the best from below: not a round that kept it
+    assert feat(s, "rounds_at_best") == 2
+    round_("a6", 0.5)  # a new best resets
+    assert feat(s, "rounds_at_best") == 0

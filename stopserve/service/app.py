@@ -3,11 +3,13 @@
 Routes only adapt HTTP to :class:`~stopserve.service.engine.Engine`: parse,
 call, serialise. Nothing happens at import time; the model loads in the lifespan.
 
-The decide routes are the hot path: ``async def`` on :class:`LeanRoute`, which
-parses the body straight from bytes with pydantic-core, decides inline on the
-event loop (tens of µs of CPU, cheaper than a hop to a worker thread) and answers
-pre-serialised JSON; only the wait for the decision log's group commit is
-awaited. The other routes are plain ``def`` functions in the thread pool.
+The decide calls are the hot path. A small ASGI fast path (:class:`_FastDecide`)
+answers them before FastAPI's router: it parses the body straight from bytes with
+pydantic-core, decides inline on the event loop (CPU-bound, cheaper than a hop to
+a worker thread) and answers pre-serialised JSON; only the wait for the decision
+log is awaited. The same routes are declared (and documented) as ``async def`` on
+:class:`LeanRoute`, which serves what the fast path passes on. The other routes
+are plain ``def`` functions in the thread pool.
 """
 
 from __future__ import annotations

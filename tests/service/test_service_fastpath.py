@@ -163,3 +163,46 @@ def _concurrent_same_call(client: TestClient, n: int) -> list[dict[str, Any]]:
     for t in threads:
         t.join()
     return answers
+
+
+def test_documented_routes_answer_as_the_fast_path(tmp_path: Path) -> None:
+    import httpx
+
+    with make_client(tmp_path) as client:
+        app: Any = client.app
+
+        async def router_only(scope: Any, receive: Any, send: Any) -> None:
+            scope["app"] = app  # the router alone: past the fast path and the middlewares
+            await app.router(scope, receive, send)
+
+        async def lean(path: str, body: Any) -> Any:
+            transport = httpx.ASGITransport(app=router_only)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                r = await c.post(path, json=body)
+                assert r.status_code == 200, r.text
+                return r.json()
+
+        def both(path_fast: str, path_lean: str, body: Any) -> tuple[Any, Any]:
+            fast = client.post(path_fast, json=body)
+            assert fast.status_code == 200, fast.text
+            return fast.json(), client.portal.call(lean, path_lean, body)  # type: ignore[union-attr]
+
+        for turn in range(3):
+            fast, slow = both("/v1/runs/f/decide", "/v1/runs/l/decide", {"events": turn_events(turn)})
+            assert slow == {**fast, "run_id": "l"} and slow["turn"] == turn + 1
+        events = turn_events(0) + turn_events(1)
+        fast, slow = both("/v1/decide", "/v1/decide", {"events": events, "budget": {"max_turns": 2}})
+        assert slow == fast and fast["action"] == "stop"
+        fast, slow = both(
+            "/v1/decide:batch",
+            "/v1/decide:batch",
+            {
+                "runs": [
+                    {"run_id": "f", "events": turn_events(3)},
+                    {"run_id": "x", "safety": {"max_turns": "?"}},
+                ]
+            },
+        )
+        assert fast["results"][0]["decision"]["turn"] == 4 and fast["results"][1]["error"]["status"] == 422
+        assert slow["results"][0]["decision"]["events_ignored"] == 2  # the same events again: a retry
+        assert slow["results"][1] == fast["results"][1]

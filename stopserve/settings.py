@@ -59,6 +59,10 @@ class Settings(BaseSettings):
     )
     cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins; empty: off.")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    access_log: bool = Field(
+        default=False,
+        description="uvicorn's per-request access log; off: every decision is in the decision log already.",
+    )
 
     @field_validator("log_dir", "model_dir", mode="before")
     @classmethod

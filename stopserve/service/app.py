@@ -537,9 +537,14 @@ def serve_command(args: argparse.Namespace) -> int:
             port=settings.port,
             workers=settings.workers,
             log_level=settings.log_level,
+            access_log=settings.access_log,
         )
     else:
         uvicorn.run(
-            create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            access_log=settings.access_log,
         )
     return 0

@@ -357,6 +357,11 @@ class Policy:
             float(opt["lambda"]) if isinstance(opt, Mapping) and "lambda" in opt else None
         )
         self._opt_tau = _tau_value(opt.get("tau")) if isinstance(opt, Mapping) else 0.0
+        # the optimal rule's tau per topology (value scales differ across topologies)
+        by_topo = opt.get("tau_by_topology") if isinstance(opt, Mapping) else None
+        self._opt_tau_topo: dict[str, float] = (
+            {str(t): _tau_value(v) for t, v in by_topo.items()} if isinstance(by_topo, Mapping) else {}
+        )
         self._transforms: dict[str, str] = {}
         self._calib: dict[str, tuple[FloatArray, FloatArray]] = {}
         for name, entry in (manifest.get("models") or {}).items():
@@ -468,8 +473,15 @@ class Policy:
         s = self._post("s", raw[:, self._index["s"]])
         k = self._post("k", raw[:, self._index["k"]])
         gain = raw[:, self._index["d"]] if "d" in self._index else q - s
+        tau: float | FloatArray = self.tau(lam)
         if self._use_optimal(lam):
             v = self._post("c", raw[:, self._index["c"]]) - s
+            if self._opt_tau_topo:
+                tau = np.full(X.shape[0], self.tau(lam))
+                for name, t in self._opt_tau_topo.items():
+                    col = f"topology_{name}"
+                    if col in FEATURE_NAMES:
+                        tau[X[:, FEATURE_NAMES.index(col)] == 1.0] = t
         else:
             v = gain - lam * k
         return {
@@ -478,7 +490,7 @@ class Policy:
             "q_stop": s,
             "cost_to_go": k,
             "v_stop": v,
-            "stop": v < -self.tau(lam),
+            "stop": v < -tau,
         }
 
     # ----------------------------------------------------------------- decide
@@ -526,6 +538,7 @@ class Policy:
         s: float | None = None
         k: float | None = None
         degraded = False
+        topo_tau: float | None = None
         if self._raw_one is not None:
             try:
                 raw = self._raw_one(state.features())
@@ -535,6 +548,8 @@ class Policy:
                 k = self._post_one("k", float(raw[idx["k"]]))
                 if self._use_optimal(lam):
                     v = self._post_one("c", float(raw[idx["c"]])) - s
+                    if self._opt_tau_topo and state.topology is not None:
+                        topo_tau = self._opt_tau_topo.get(state.topology)
                 elif "d" in idx:
                     v = float(raw[idx["d"]]) - lam * k
                 else:
@@ -566,7 +581,7 @@ class Policy:
 
         if not allowed:
             return answer("continue", None)
-        tau = self.tau(lam) if v is not None else 0.0
+        tau = (self.tau(lam) if topo_tau is None else topo_tau) if v is not None else 0.0
         if proposed_stop:
             if v is not None and v > abs(tau):
                 return answer("continue", None)

@@ -98,6 +98,8 @@ PESSIMISM: Final = 1.0
 GAIN_MODEL: Final = True
 #: Passes of fitted backward induction for ``method="optimal"``.
 OPTIMAL_PASSES: Final = 3
+#: Traces a topology needs for its own τ of the optimal rule.
+MIN_TOPOLOGY_TRACES: Final = 100
 #: Multiples of the chosen λ at which τ is tuned too (the λ dial without retraining).
 LAMBDA_GRID: Final = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 10.0)
 
@@ -336,6 +338,31 @@ def _cv_value(  # noqa: PLR0917
             extra = extra | loop[mine]
         stop[mine] = ((v[mine] < -tau) & allowed[mine]) | extra
     return stop, taus, fold_nets
+
+
+def _tau_by_topology(
+    dp: DecisionPoints, v: FloatArray, allowed: BoolArray, extra: BoolArray, lam: float
+) -> dict[str, float]:
+    """τ of the optimal rule tuned per topology (≥ ``MIN_TOPOLOGY_TRACES`` traces; else the pooled τ).
+
+    The continuation values of different topologies differ in scale and in fit
+    error (measured on simulated runs: the pooled τ stopped harness runs early
+    and centralized runs late), so one threshold cannot suit them all.
+    """
+    out: dict[str, float] = {}
+    first = dp.X[dp.offsets[:-1]]
+    for col, name in enumerate(FEATURE_NAMES):
+        if not name.startswith("topology_"):
+            continue
+        traces = np.flatnonzero(first[:, col] == 1.0)
+        if traces.size < MIN_TOPOLOGY_TRACES or traces.size == dp.n_traces:
+            continue
+        sub = dp.subset(traces)
+        rows = np.concatenate([np.arange(dp.offsets[i], dp.offsets[i + 1]) for i in traces])
+        tau, _ = _tune_tau(sub, v[rows], allowed[rows], extra[rows], lam)
+        if math.isfinite(tau):
+            out[name.removeprefix("topology_")] = tau
+    return out
 
 
 def _gain(q: FloatArray, s: FloatArray, d: FloatArray) -> FloatArray:
@@ -651,8 +678,10 @@ def fit_policy(
     tau, net, _ = _tune_rule(dp, v_final, allowed, loop_stop, lam, nets)
     cap, use_loop = net
     net_stop = _net_mask(dp, loop_stop, net)
+    opt_tau_topo: dict[str, float] = {}
     if v_opt is not None:
         opt_tau = tau
+        opt_tau_topo = _tau_by_topology(dp, v_opt, allowed, net_stop, lam)
         tau, _ = _tune_tau(dp, v_behavior, allowed, net_stop, lam)
     grid_lams = sorted({lam * m for m in LAMBDA_GRID} | {lam})
     grid_taus: list[float] = []
@@ -747,6 +776,8 @@ def fit_policy(
     }
     if ship_model and method == "optimal":
         manifest["optimal"] = {"lambda": lam, "tau": opt_tau, "passes": OPTIMAL_PASSES}
+        if opt_tau_topo:
+            manifest["optimal"]["tau_by_topology"] = opt_tau_topo
     if ship_model:
         manifest["safety"] = safety.to_dict()
     else:

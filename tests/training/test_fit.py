@@ -218,3 +218,28 @@ def test_traces_without_decision_points_train() -> None:
     assert dp.n_rows == 40
     result = fit_policy(dp, lam=1.0, **FAST)
     assert result.manifest["kind"] in ("model", "heuristic")
+
+
+def test_optimal_tau_per_topology_is_served(dp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from stopserve.artifacts import save_model_dir
+    from stopserve.features import FEATURE_NAMES, RunState
+    from stopserve.policy import MODEL_STOP_REASON
+    from stopserve.trace import is_decision_point
+
+    result = fit_policy(dp, lam=2.0, method="optimal", **FAST)
+    manifest = {k: v for k, v in result.manifest.items() if k not in ("format", "files")}
+    # debate runs get a tau so high the model never stops them; others keep the pooled tau
+    manifest["optimal"] = {**manifest["optimal"], "tau_by_topology": {"debate": 1e9}}
+    policy = Policy.load(save_model_dir(tmp_path / "m", manifest, result.models))
+    model_stops = {"debate": 0, None: 0}
+    for tr in synth_traces(30, seed=4):
+        for topo in model_stops:
+            state = RunState(topology=topo)
+            for ev in tr.events:
+                state.fold(ev)
+                if is_decision_point(ev) and policy.decide(state, lam=2.0).reason == MODEL_STOP_REASON:
+                    model_stops[topo] += 1
+    assert model_stops[None] > 0 and model_stops["debate"] == 0
+    X = dp.X[:200].copy()
+    X[:, FEATURE_NAMES.index("topology_debate")] = 1.0
+    assert not policy.predict_batch(X, 2.0)["stop"].any()

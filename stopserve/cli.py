@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=_positive_int, default=5, help="grouped cross-validation folds")
     p.add_argument("--group-by", choices=("task", "repo"), default="task", help="what CV folds never split")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-turns", type=_positive_int, default=2, help="no model stop before this turn")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _label_options(p)
 

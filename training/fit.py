@@ -864,6 +864,7 @@ def train_command(args: argparse.Namespace) -> int:
         method=args.method,
         folds=args.folds,
         seed=args.seed,
+        min_turns=getattr(args, "min_turns", 2),
         progress=progress,
     )
     # what evaluate needs to rebuild the same labels

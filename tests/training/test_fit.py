@@ -176,6 +176,14 @@ def test_train_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[
     Policy.load(out)
 
 
+def test_train_command_min_turns_reaches_the_shipped_safety(tmp_path: Path) -> None:
+    path = _write(tmp_path, synth_traces(60, seed=7))
+    out = tmp_path / "model"
+    argv = ["train", str(path), "-o", str(out), "--lambda", "2", "--folds", "3", "--no-progress"]
+    assert main([*argv, "--min-turns", "1"]) == 0
+    assert Policy.load(out).safety.min_turns == 1
+
+
 def test_train_command_refuses_traces_without_outcome(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

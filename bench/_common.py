@@ -114,7 +114,7 @@ class Section:
 
 
 #: Options that only say where scratch output goes: left out of the commands shown.
-_PLUMBING = ("--out", "--workdir")
+_PLUMBING = ("--out", "--output", "--workdir")
 
 
 def command_line(argv: Sequence[str]) -> str:

@@ -5,6 +5,9 @@
 - ``bare_app``: a bare FastAPI endpoint on the same path accepting the same JSON body
   and answering a decide-shaped constant: the framework's floor (``async def``);
   ``bare_sync_app``: the same with a ``def`` route, which FastAPI runs in a thread pool.
+- ``bare_typed_app``: as ``bare_app``, with the body declared as
+  ``stopserve.api.DecideRequest`` (the model stopserve parses), so the events are
+  validated in both: the baseline the serving targets are computed against.
 - ``static_app``: a raw ASGI responder with a constant body: the ceiling of uvicorn on
   this machine, which shows how far the load generator is from being the bottleneck.
 """
@@ -15,6 +18,9 @@ import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
+
+# at module level: FastAPI resolves the route's (string) annotation in this module's globals
+from stopserve.api import DecideRequest
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -68,6 +74,23 @@ def bare_app() -> Any:
     @app.post("/v1/runs/{run_id}/decide")
     async def decide(run_id: str, body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
         return {**DECISION, "run_id": run_id, "events_accepted": len(body.get("events", ()))}
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def bare_typed_app() -> Any:
+    """As :func:`bare_app`, the body declared as ``DecideRequest``: FastAPI validates the events."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/v1/runs/{run_id}/decide")
+    async def decide(run_id: str, body: DecideRequest) -> dict[str, Any]:
+        return {**DECISION, "run_id": run_id, "events_accepted": len(body.events)}
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -2,9 +2,11 @@
 and on the shared SWE runs (cross-validated by repository), at three λ each, with the
 Pareto charts as PNG files in bench/.
 
-Simulator: train once on fresh simulated traces (λ = 1 per thousand tokens; λ is a
-per-request dial), evaluate on other seeds' traces simulated with ``--optimal --lambda X``
-for each X in {0.1, 1, 10}; heuristics tuned on the training traces (``--tune-on``).
+Simulator: issue 7's end-to-end protocol (docs/simulator.md "End to end"): per λ in
+{0.1, 1, 10} per thousand tokens, run-to-cap training (seed 10) and test (seed 11) traces
+simulated with ``--optimal --lambda X``, one ``--method optimal`` model per λ, the exact
+per-topology gap closed and failure modes from ``training.gap_report``, and the policy
+table from ``stopserve evaluate`` (heuristics tuned on the training traces).
 SWE runs: imported with ``stopserve import mini-swe-agent``, split into K folds by
 repository (the task id's prefix before ``__``); for each fold a model is trained on
 the other folds (``--group-by repo``) and evaluated on the held-out repositories at
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -93,114 +96,139 @@ def split_by(path: Path, key: Any, out_dir: Path, stem: str) -> dict[str, Path]:
 
 
 def simulator(sec: Section, size: str, workdir: Path) -> None:
-    n_train = {"tiny": 40, "quick": 500, "full": 800}[size]
-    n_test = {"tiny": 30, "quick": 500, "full": 800}[size]
+    """Issue 7's end-to-end protocol (docs/simulator.md "End to end"): per λ, run-to-cap
+    training and test traces, ``train --method optimal`` at that λ, exact per-topology gap
+    closed with ``training.gap_report`` and the policy table with ``stopserve evaluate``."""
+    n_train = {"tiny": 40, "quick": 500, "full": 2000}[size]
+    n_test = {"tiny": 30, "quick": 500, "full": 2000}[size]
     lambdas = SIM_LAMBDAS if size != "tiny" else (1.0,)
     d = workdir / "quality-sim"
     d.mkdir(parents=True, exist_ok=True)
-    train = d / "train.jsonl"
-    run(stopserve_cmd("simulate", "--n", str(n_train), "--seed", "31", "-o", str(train)), timeout=1200)
     folds = ["--folds", "2"] if size == "tiny" else []
     sec.add(
-        "### Simulator, against the DP optimum",
+        "### Simulator, against the DP optimum (issue 7's end-to-end protocol)",
         "",
-        f"Per λ: `stopserve simulate --n {n_train} --seed 31` → `stopserve train TRAIN --lambda X "
-        f"--cost-unit ktokens{''.join(' ' + f for f in folds)}`; "
-        f"test: `stopserve simulate --n {n_test} --seed 32 --optimal "
-        "--lambda X`; `stopserve evaluate TEST --model M --tune-on TRAIN --lambda X --cost-unit ktokens "
-        "--json`. Cost unit: thousands of tokens. One model per λ (the trainer's guard may ship a tuned "
-        "heuristic, which does not follow a λ dial).",
+        'The protocol of `docs/simulator.md` ("End to end"), per λ (cost unit: thousands of tokens):',
+        "",
+        "```bash",
+        f"stopserve simulate --n {n_train} --seed 10 --run-to-cap --optimal --lambda L -o train.jsonl",
+        f"stopserve simulate --n {n_test} --seed 11 --run-to-cap --optimal --lambda L -o test.jsonl",
+        "stopserve train train.jsonl -o M --method optimal --cost-unit ktokens --lambda L"
+        f"{''.join(' ' + f for f in folds)}   # --min-turns 1 at L = 10",
+        "python -m training.gap_report M test.jsonl --lambda L --json",
+        "stopserve evaluate test.jsonl --model M --lambda L --cost-unit ktokens --tune-on train.jsonl --json",
+        "```",
+        "",
+        "At λ = 10 the optimum stops at the first decision point, which the default `--min-turns 2` vetoes. "
+        "`training.gap_report` values every stop exactly by truncation of the same run-to-cap trace: "
+        "behavior = the logging policy's stop (`metrics.behavior_stop_index`), gap closed = "
+        "(learned − behavior) / (optimal − behavior) in mean value `q − λ·ktokens`; remaining gap = "
+        "optimal − learned. Failure modes: share of runs whose stop is premature / delayed / in a loop, "
+        "behavior → learned.",
         "",
     )
     reports: dict[str, Any] = {}
-    gaps: dict[str, dict[str, Any]] = defaultdict(dict)
+    gaps: dict[str, dict[str, Any]] = {}
+    timings: dict[str, float] = {}
     plot_lam: float | None = None
     for lam in lambdas:
-        model = d / f"model-{lam:g}"
+        t0 = time.perf_counter()
+        tag = f"{lam:g}"
+        train = d / f"train-{tag}.jsonl"
+        test = d / f"test-{tag}.jsonl"
+        for path, seed, n in ((train, "10", n_train), (test, "11", n_test)):
+            run(
+                stopserve_cmd("simulate", "--n", str(n), "--seed", seed, "--run-to-cap", "--optimal",
+                              "--lambda", str(lam), "-o", str(path)),
+                timeout=1200,
+            )  # fmt: skip
+        model = d / f"model-{tag}"
         shutil.rmtree(model, ignore_errors=True)
+        min_turns = ["--min-turns", "1"] if lam >= 10 else []
         run(
-            stopserve_cmd("train", str(train), "-o", str(model), "--lambda", str(lam),
-                          "--cost-unit", "ktokens", "--no-progress", *folds),
+            stopserve_cmd("train", str(train), "-o", str(model), "--method", "optimal",
+                          "--cost-unit", "ktokens", "--lambda", str(lam), "--no-progress", *min_turns,
+                          *folds),
             timeout=3600,
         )  # fmt: skip
-        test = d / f"test-{lam:g}.jsonl"
-        run(
-            stopserve_cmd("simulate", "--n", str(n_test), "--seed", "32", "--optimal", "--lambda", str(lam),
-                          "-o", str(test)),
-            timeout=1200,
-        )  # fmt: skip
-        kind = json.loads((model / "manifest.json").read_text()).get("kind")
-        # the chart shows the learned λ sweep only for a LightGBM policy: draw the first such λ
-        if plot_lam is None and size != "tiny" and (kind == "model" or lam == lambdas[-1]):
-            plot_lam = lam
+        gap_cmd = [sys.executable, "-m", "training.gap_report", str(model), str(test), "--lambda", str(lam)]
+        gap = json.loads(run([*gap_cmd, "--json"], timeout=1800).stdout)
+        plot_lam = lam if (plot_lam is None and size != "tiny") else plot_lam
         plot = BENCH / "pareto-simulator.png" if plot_lam == lam else None
         rep = evaluate(test, model, lam, tune_on=train, extra=["--cost-unit", "ktokens"], plot=plot)
-        reports[f"{lam:g}"] = rep
+        timings[tag] = time.perf_counter() - t0
+        reports[tag] = {"evaluate": rep, "gap_report": gap, "seconds": timings[tag]}
+        gaps[tag] = gap["per_topology"]
+        mt_note = ", `--min-turns 1`" if min_turns else ""
+        slow = size == "full" and timings[tag] > 240
+        slow_note = (
+            " — more than 4 min on this machine (2 shared cores); kept at full size anyway." if slow else "."
+        )
         sec.add(
-            f"λ = {lam:g} per 1k tokens: {rep['n_traces']:,} traces, {rep['n_decision_points']:,} decision "
-            f"points; {'exact' if rep.get('exact') else 'not exact'}; "
+            f"#### λ = {tag} per 1k tokens",
+            "",
+            f"Shipped policy kind: {gap.get('kind')} (`--method optimal`{mt_note}). "
+            f"Wall time for this λ (simulate ×2, train, gap report, evaluate): "
+            f"{timings[tag]:.0f} s{slow_note}",
+            "",
+            "Per topology (`training.gap_report`, exact on run-to-cap traces):",
+            "",
+        )
+        rows = []
+        for topo, r in gap["per_topology"].items():
+            modes = [
+                f"{r['behavior_' + m]:.1%} → {r['learned_' + m]:.1%}"
+                for m in ("premature", "delayed", "loop")
+            ]
+            rows.append(
+                [topo, int(r["n"]), r["behavior"], r["learned"], r["optimal"], r["gap_closed"],
+                 r["optimal"] - r["learned"], *modes]
+            )  # fmt: skip
+        sec.table(
+            ["topology", "runs", "behavior", "learned", "optimal", "gap closed", "remaining gap",
+             "premature", "delayed", "loop"],
+            rows,
+        )  # fmt: skip
+        sec.add(
+            f"`stopserve evaluate` on the same test set: {rep['n_traces']:,} traces, "
+            f"{rep['n_decision_points']:,} decision points; {'exact' if rep.get('exact') else 'not exact'}; "
             f"heuristics {rep.get('heuristic_tuning')}.",
             "",
         )
         sec.table(HEADER, policy_rows(rep, _names(rep)))
-        if size != "tiny":
-            by_topo = split_by(test, lambda t: t.get("topology") or "unknown", d / f"topo-{lam:g}", "test")
-            for topo, r in per_topology(by_topo, model, lam, train).items():
-                gaps[topo][f"{lam:g}"] = r["policies"]
-    if (BENCH / "pareto-simulator.png").exists() and size != "tiny":
+    if plot_lam is not None and (BENCH / "pareto-simulator.png").exists():
         sec.add(f"Pareto chart (λ = {plot_lam:g} test set): `bench/pareto-simulator.png`.", "")
     sec.data["simulator"] = reports
-    if gaps:
-        sec.add(
-            "Share of the behavior → optimum gap closed, per topology (learned policy; best tuned "
-            "heuristic in brackets). Issue 7's target: >= 0.90 for the learned policy.",
-            "",
+    sec.data["gap_closed_by_topology"] = gaps
+    sec.data["seconds_per_lambda"] = timings
+    topos = [*sorted({t for g in gaps.values() for t in g if t != "pooled"}), "pooled"]
+    sec.add(
+        "Summary: learned policy's share of the behavior → optimum gap closed (remaining gap, optimal − "
+        "learned, in brackets). Issue 7's target: >= 0.90 per topology at every λ. Above 1 = the learned "
+        "policy beat the DP optimum's mean on that sample.",
+        "",
+    )
+    rows = []
+    worst: tuple[float, str, str] | None = None
+    for topo in topos:
+        row: list[Any] = [topo]
+        for lam in lambdas:
+            r = gaps.get(f"{lam:g}", {}).get(topo)
+            if r is None:
+                row.append(None)
+                continue
+            g = float(r["gap_closed"])
+            row.append(f"{g:.3f} ({r['optimal'] - r['learned']:+.4f})")
+            if topo != "pooled" and g == g and (worst is None or g < worst[0]):
+                worst = (g, topo, f"{lam:g}")
+        rows.append(row)
+    sec.table(["topology", *(f"λ = {lam:g}" for lam in lambdas)], rows)
+    if worst is not None:
+        name = (
+            "simulator: learned policy's share of the gap to the optimum, worst topology and λ "
+            f"({worst[1]}, λ = {worst[2]})"
         )
-        rows = []
-        worst: float | None = None
-        for topo, per_lam in sorted(gaps.items()):
-            row: list[Any] = [topo]
-            for lam in lambdas:
-                pol = per_lam.get(f"{lam:g}", {})
-                learned = (pol.get("learned") or {}).get("gap_closed_optimal")
-                heur_gaps = [
-                    v.get("gap_closed_optimal")
-                    for k, v in pol.items()
-                    if k not in ("learned", "behavior", "oracle", "optimal")
-                ]
-                heur = max((g for g in heur_gaps if g is not None), default=None)
-                row.append(
-                    f"{learned:.3f} [{heur:.3f}]" if learned is not None and heur is not None else learned
-                )
-                if learned is not None:
-                    worst = learned if worst is None else min(worst, learned)
-            rows.append(row)
-        sec.table(["topology", *(f"λ = {lam:g}" for lam in lambdas)], rows)
-        sec.data["gap_closed_by_topology"] = gaps
-        if worst is not None:
-            sec.targets.append(
-                Target("simulator: learned policy's share of the gap to the optimum, worst topology and λ",
-                       f"{worst:.3f}", f">= {GAP_TARGET}", worst >= GAP_TARGET)
-            )  # fmt: skip
-
-
-def per_topology(files: dict[str, Path], model: Path, lam: float, train: Path) -> dict[str, dict[str, Any]]:
-    """The same evaluation as ``stopserve evaluate --json``, in process, one report per file
-    (the model and the tuning traces are loaded once instead of once per topology)."""
-    from stopserve.policy import Policy
-    from stopserve.trace import read_traces
-    from training.evaluate import evaluate as evaluate_traces
-    from training.labels import build_decision_points
-
-    policy = Policy.load(model)
-    tune = build_decision_points(read_traces(train), cost_unit="ktokens")
-    out: dict[str, dict[str, Any]] = {}
-    for topo, path in sorted(files.items()):
-        rep: dict[str, Any] = evaluate_traces(
-            policy, read_traces(path), lam=lam, tune_on=tune, cost_unit="ktokens"
-        )
-        out[topo] = rep
-    return out
+        sec.targets.append(Target(name, f"{worst[0]:.3f}", f">= {GAP_TARGET}", worst[0] >= GAP_TARGET))
 
 
 def repo_of(trace: dict[str, Any]) -> str:

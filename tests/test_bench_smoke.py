@@ -104,7 +104,7 @@ def test_serve_smoke(workdir: Path) -> None:
     doc = _run("bench_serve.py", workdir)
     results = doc["data"]["results"]
     # the baselines need nothing but FastAPI and uvicorn: they are always measured
-    for name in ("static ASGI", "bare FastAPI"):
+    for name in ("static ASGI", "bare FastAPI, dict body", "bare FastAPI, DecideRequest body"):
         for r in results[name].values():
             assert r["requests"] > 0
             assert r["errors"] == 0

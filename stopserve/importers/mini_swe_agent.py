@@ -198,6 +198,22 @@ def _tokens(usage: Mapping[str, Any]) -> int:
     return total
 
 
+def _final_stop(t: float, reason: str, exit_status: Any, info: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's own final stop event (both harnesses end with one; the submission's hash as its ref)."""
+    event: dict[str, Any] = {
+        "id": "end",
+        "t": t,
+        "type": "stop",
+        "agent": "agent",
+        "reason": reason,
+        "proposed": False,
+        "exit_status": exit_status,
+    }
+    if info.get("submission"):
+        event["content_ref"] = content_ref(str(info["submission"]))
+    return event
+
+
 def _stop_reason(
     exit_status: str, n_calls: int, usd: float, budget: Mapping[str, Any]
 ) -> tuple[str, str | None]:
@@ -343,18 +359,7 @@ def trace_from_mini(data: Any, file: str | os.PathLike[str], resolved: bool | No
     last_t = events[-1]["t"]
     if events[-1]["type"] != "stop":
         reason, limit = _stop_reason(exit_status, len(steps), usd, budget)
-        stop_ev: dict[str, Any] = {
-            "id": "end",
-            "t": last_t,
-            "type": "stop",
-            "agent": "agent",
-            "reason": reason,
-            "proposed": False,
-            "exit_status": exit_status,
-        }
-        if info.get("submission"):
-            stop_ev["content_ref"] = content_ref(str(info["submission"]))
-        events.append(stop_ev)
+        events.append(_final_stop(last_t, reason, exit_status, info))
     else:
         reason, limit = events[-1]["reason"], None
     by = "orchestrator" if reason in ("information_complete", "unknown") else "safety_net"
@@ -476,18 +481,7 @@ def trace_from_swe_agent(data: Any, file: str | os.PathLike[str], resolved: bool
             }
         )
     reason, limit = _swe_stop(exit_status)
-    stop_ev: dict[str, Any] = {
-        "id": "end",
-        "t": t,
-        "type": "stop",
-        "agent": "agent",
-        "reason": reason,
-        "proposed": False,
-        "exit_status": exit_status,
-    }
-    if info.get("submission"):
-        stop_ev["content_ref"] = content_ref(str(info["submission"]))
-    events.append(stop_ev)
+    events.append(_final_stop(t, reason, exit_status, info))
     stop: dict[str, Any] = {"reason": reason, "by": "orchestrator" if limit is None else "safety_net", "t": t}
     if limit:
         stop["limit"] = limit

@@ -10,7 +10,6 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY stopserve ./stopserve
-COPY training ./training
 COPY models/default ./models/default
 # LightGBM needs the GNU OpenMP runtime, which slim images lack
 RUN apt-get update \

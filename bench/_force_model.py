@@ -19,7 +19,7 @@ import numpy as np
 
 
 def main(argv: list[str]) -> int:
-    import training.fit as fit
+    import stopserve.training.fit as fit
 
     real = getattr(fit, "cross_fit_heuristics")  # noqa: B009 (not in fit's __all__)
 

@@ -60,7 +60,7 @@ def model_dir(workdir: Path, size: str) -> tuple[Path | None, str]:
     )
     if usable(target) == "model":
         return target, how
-    for mod in ("training.simulate", "training.fit"):
+    for mod in ("stopserve.training.simulate", "stopserve.training.fit"):
         got = load(mod)
         if isinstance(got, str):
             return None, got

@@ -61,9 +61,9 @@ def synthetic(path: Path, n_points: int, seed: int = 0) -> tuple[int, int]:
 
 def make(path: Path, n_points: int, seed: int = 0) -> tuple[int, int, str]:
     """Traces with at least ``n_points`` decision points; (traces, points, how they were made)."""
-    if isinstance(load("training.simulate", "simulate_command"), str):
+    if isinstance(load("stopserve.training.simulate", "simulate_command"), str):
         traces, points = synthetic(path, n_points, seed)
-        return traces, points, "synthetic traces (training.simulate not available yet)"
+        return traces, points, "synthetic traces (stopserve.training.simulate not available yet)"
     pilot = path.with_suffix(".pilot.jsonl")
     run(stopserve_cmd("simulate", "--n", "200", "--seed", str(seed + 1), "-o", str(pilot)), timeout=600)
     p_traces, p_points = count_points(pilot)

@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     out = argv[0]
     train_args = argv[argv.index("--") + 1 :]
     lgb.train = _recording_train
-    import training.fit as fit
+    import stopserve.training.fit as fit
 
     real_fit = fit.fit_policy
 

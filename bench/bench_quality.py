@@ -5,7 +5,7 @@ Pareto charts as PNG files in bench/.
 Simulator: issue 7's end-to-end protocol (docs/simulator.md "End to end"): per λ in
 {0.1, 1, 10} per thousand tokens, run-to-cap training (seed 10) and test (seed 11) traces
 simulated with ``--optimal --lambda X``, one ``--method optimal`` model per λ, the exact
-per-topology gap closed and failure modes from ``training.gap_report``, and the policy
+per-topology gap closed and failure modes from ``stopserve.training.gap_report``, and the policy
 table from ``stopserve evaluate`` (heuristics tuned on the training traces).
 SWE runs: imported with ``stopserve import mini-swe-agent``, split into K folds by
 repository (the task id's prefix before ``__``); for each fold a model is trained on
@@ -98,7 +98,7 @@ def split_by(path: Path, key: Any, out_dir: Path, stem: str) -> dict[str, Path]:
 def simulator(sec: Section, size: str, workdir: Path) -> None:
     """Issue 7's end-to-end protocol (docs/simulator.md "End to end"): per λ, run-to-cap
     training and test traces, ``train --method optimal`` at that λ, exact per-topology gap
-    closed with ``training.gap_report`` and the policy table with ``stopserve evaluate``."""
+    closed with ``stopserve.training.gap_report`` and the policy table with ``stopserve evaluate``."""
     n_train = {"tiny": 40, "quick": 500, "full": 2000}[size]
     n_test = {"tiny": 30, "quick": 500, "full": 2000}[size]
     lambdas = SIM_LAMBDAS if size != "tiny" else (1.0,)
@@ -115,12 +115,13 @@ def simulator(sec: Section, size: str, workdir: Path) -> None:
         f"stopserve simulate --n {n_test} --seed 11 --run-to-cap --optimal --lambda L -o test.jsonl",
         "stopserve train train.jsonl -o M --method optimal --cost-unit ktokens --lambda L"
         f"{''.join(' ' + f for f in folds)}   # --min-turns 1 at L = 10",
-        "python -m training.gap_report M test.jsonl --lambda L --json",
+        "python -m stopserve.training.gap_report M test.jsonl --lambda L --json",
         "stopserve evaluate test.jsonl --model M --lambda L --cost-unit ktokens --tune-on train.jsonl --json",
         "```",
         "",
         "At λ = 10 the optimum stops at the first decision point, which the default `--min-turns 2` vetoes. "
-        "`training.gap_report` values every stop exactly by truncation of the same run-to-cap trace: "
+        "`stopserve.training.gap_report` values every stop exactly by truncation of the same "
+        "run-to-cap trace: "
         "behavior = the logging policy's stop (`metrics.behavior_stop_index`), gap closed = "
         "(learned − behavior) / (optimal − behavior) in mean value `q − λ·ktokens`; remaining gap = "
         "optimal − learned. Failure modes: share of runs whose stop is premature / delayed / in a loop, "
@@ -151,7 +152,15 @@ def simulator(sec: Section, size: str, workdir: Path) -> None:
                           *folds),
             timeout=3600,
         )  # fmt: skip
-        gap_cmd = [sys.executable, "-m", "training.gap_report", str(model), str(test), "--lambda", str(lam)]
+        gap_cmd = [
+            sys.executable,
+            "-m",
+            "stopserve.training.gap_report",
+            str(model),
+            str(test),
+            "--lambda",
+            str(lam),
+        ]
         gap = json.loads(run([*gap_cmd, "--json"], timeout=1800).stdout)
         plot_lam = lam if (plot_lam is None and size != "tiny") else plot_lam
         plot = BENCH / "pareto-simulator.png" if plot_lam == lam else None
@@ -171,7 +180,7 @@ def simulator(sec: Section, size: str, workdir: Path) -> None:
             f"Wall time for this λ (simulate ×2, train, gap report, evaluate): "
             f"{timings[tag]:.0f} s{slow_note}",
             "",
-            "Per topology (`training.gap_report`, exact on run-to-cap traces):",
+            "Per topology (`stopserve.training.gap_report`, exact on run-to-cap traces):",
             "",
         )
         rows = []
@@ -346,15 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     sec = Section("Decision quality: stopserve evaluate", sys.argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="stopserve-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    needed = [load(m) for m in ("training.evaluate", "training.fit", "stopserve.policy")]
+    needed = [load(m) for m in ("stopserve.training.evaluate", "stopserve.training.fit", "stopserve.policy")]
     missing = [m for m in needed if isinstance(m, str)]
     if missing:
         for why in missing:
             sec.skip(why)
         sec.emit(args.out)
         return 0
-    if isinstance(load("training.simulate", "simulate_command"), str):
-        sec.skip("not available yet: training.simulate")
+    if isinstance(load("stopserve.training.simulate", "simulate_command"), str):
+        sec.skip("not available yet: stopserve.training.simulate")
     else:
         try:
             simulator(sec, args.size, workdir)

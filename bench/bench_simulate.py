@@ -66,7 +66,7 @@ def bench_optimum(sec: Section, sim: ModuleType, per_topology: int) -> None:
         "V_0, the mean realized optimal value (they agree up to sampling), the mean value of the "
         "behavior's own stop (q - lam * ktokens at its logged end), and the share of runs whose "
         "behavior stop is premature / delayed / ran 2+ rounds through a loop past the optimal "
-        "point (`training.simulate.failure_modes`).",
+        "point (`stopserve.training.simulate.failure_modes`).",
         "",
     )
     sec.table(
@@ -135,7 +135,7 @@ def _mean(xs: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     args = parser(__doc__ or "").parse_args(argv)
     sec = Section("Simulator: traces per second", sys.argv)
-    sim = load("training.simulate", "simulate")
+    sim = load("stopserve.training.simulate", "simulate")
     if isinstance(sim, str):
         sec.skip(sim)
         sec.emit(args.out)
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 default_wall = wall * TARGET_TRACES / count
     sec.data["machine"] = machine()
     sec.add(
-        "One process, one core. Generate with `training.simulate.simulate` and write with "
+        "One process, one core. Generate with `stopserve.training.simulate.simulate` and write with "
         "`TraceWriter` to a temporary `.jsonl` (what `stopserve simulate -o OUT.jsonl` does). "
         f"Load average at the end: {sec.data['machine']['load_1min']} on {sec.data['machine']['cpus']} CPUs.",
         "",

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--points", type=int, help="decision points to train on (default by --size)")
     args = p.parse_args(argv)
     sec = Section("Training: stopserve train against raw lightgbm.train", sys.argv)
-    for mod in ("training.fit", "training.labels"):
+    for mod in ("stopserve.training.fit", "stopserve.training.labels"):
         got = load(mod)
         if isinstance(got, str):
             sec.skip(got)

@@ -22,10 +22,10 @@ __all__ = ["build_parser", "main"]
 _RUNNERS: Final[dict[str, str]] = {
     "validate": "stopserve.commands:validate",
     "import": "stopserve.commands:import_traces",
-    "features": "training.labels:features_command",
-    "train": "training.fit:train_command",
-    "evaluate": "training.evaluate:evaluate_command",
-    "simulate": "training.simulate:simulate_command",
+    "features": "stopserve.training.labels:features_command",
+    "train": "stopserve.training.fit:train_command",
+    "evaluate": "stopserve.training.evaluate:evaluate_command",
+    "simulate": "stopserve.training.simulate:simulate_command",
     "serve": "stopserve.service.app:serve_command",
 }
 

@@ -17,8 +17,8 @@ from stopserve.features import FEATURE_NAMES, RunState
 from stopserve.policy import CompiledForest, Policy, StopDecision
 from stopserve.safety import SafetyConfig
 from stopserve.trace import is_decision_point
-from training.fit import fit_policy
-from training.labels import build_decision_points
+from stopserve.training.fit import fit_policy
+from stopserve.training.labels import build_decision_points
 
 NO_LOOP = SafetyConfig.from_dict({"loop": False})
 

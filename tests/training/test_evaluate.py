@@ -15,9 +15,9 @@ from stopserve.errors import TrainingError
 from stopserve.policy import Policy
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Trace, write_traces
-from training.evaluate import evaluate
-from training.heuristics import HEURISTICS, HeuristicRule, replay
-from training.labels import build_decision_points
+from stopserve.training.evaluate import evaluate
+from stopserve.training.heuristics import HEURISTICS, HeuristicRule, replay
+from stopserve.training.labels import build_decision_points
 
 FIGURES = ("value", "success", "cost", "cost_saved", "success_lost", "gap_closed")
 

@@ -13,9 +13,9 @@ from stopserve.cli import main
 from stopserve.errors import TrainingError
 from stopserve.policy import Policy
 from stopserve.trace import Trace, write_traces
-from training.fit import _ipw, _next_stop_value, fit_policy
-from training.heuristics import replay
-from training.labels import build_decision_points
+from stopserve.training.fit import _ipw, _next_stop_value, fit_policy
+from stopserve.training.heuristics import replay
+from stopserve.training.labels import build_decision_points
 
 FAST = {"folds": 3, "max_rounds": 30, "early_stopping": 5}
 
@@ -195,7 +195,7 @@ def test_train_command_refuses_traces_without_outcome(
 
 
 def test_tau_tuning_matches_brute_force(dp) -> None:  # type: ignore[no-untyped-def]
-    from training import fit
+    from stopserve.training import fit
 
     rng = np.random.default_rng(1)
     v = rng.normal(size=dp.n_rows)

@@ -1,4 +1,4 @@
-"""training.gap_report: exact per-topology gap closed on run-to-cap simulator traces."""
+"""stopserve.training.gap_report: exact per-topology gap closed on run-to-cap simulator traces."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from stopserve.errors import TrainingError
 from stopserve.policy import Policy
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Trace, is_decision_point
-from training.gap_report import gap_report
-from training.simulate import simulate
+from stopserve.training.gap_report import gap_report
+from stopserve.training.simulate import simulate
 
 LAM = 0.1
 

@@ -9,7 +9,7 @@ from eval_helpers import step_trace
 from stopserve.errors import TrainingError
 from stopserve.features import RunState
 from stopserve.trace import is_decision_point
-from training.heuristics import (
+from stopserve.training.heuristics import (
     HEURISTICS,
     HeuristicRule,
     cross_fit_heuristics,
@@ -17,7 +17,7 @@ from training.heuristics import (
     replay,
     tune_heuristics,
 )
-from training.labels import build_decision_points
+from stopserve.training.labels import build_decision_points
 
 
 def _dp():

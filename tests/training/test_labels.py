@@ -14,7 +14,7 @@ from stopserve.cli import main
 from stopserve.errors import TrainingError
 from stopserve.features import FEATURE_NAMES, RunState
 from stopserve.trace import Trace, is_decision_point, write_traces
-from training.labels import build_decision_points, resolve_cost_unit
+from stopserve.training.labels import build_decision_points, resolve_cost_unit
 
 
 def test_outcome_only_labels_are_zero_until_the_last_decision_point() -> None:

@@ -5,7 +5,7 @@ A policy stops a run at its first stop decision; its value there is
 replayed past what was logged). Policies compared:
 
 - ``behavior``: the run as logged, to its end;
-- each tuned heuristic (:mod:`training.heuristics`), tuned on ``tune_on``
+- each tuned heuristic (:mod:`stopserve.training.heuristics`), tuned on ``tune_on``
   traces and never on the evaluated ones; without them, cross-fitted by group
   (each trace's heuristic is tuned on the other folds) -- the report says which;
 - ``learned``: the model directory's policy, replayed through
@@ -35,7 +35,7 @@ import numpy.typing as npt
 from stopserve.errors import TrainingError
 from stopserve.features import RunState
 from stopserve.trace import Trace, read_traces
-from training.heuristics import (
+from stopserve.training.heuristics import (
     HEURISTICS,
     Replay,
     cross_fit_heuristics,
@@ -43,7 +43,7 @@ from training.heuristics import (
     sweep,
     tune_heuristics,
 )
-from training.labels import DecisionPoints, FloatArray, StopRule, build_decision_points
+from stopserve.training.labels import DecisionPoints, FloatArray, StopRule, build_decision_points
 
 __all__ = ["LAMBDA_SWEEP", "evaluate", "evaluate_command", "plot_pareto"]
 

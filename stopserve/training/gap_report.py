@@ -5,11 +5,11 @@ simulator traces: every prefix is graded, so the logging behavior's stop
 (``metrics.behavior_stop_index``), the policy's first stop and the optimum
 (``metrics.optimal_value``) are all valued by truncation of the same run::
 
-    python -m training.gap_report MODEL_DIR TEST.jsonl --lambda 0.1 [--json]
+    python -m stopserve.training.gap_report MODEL_DIR TEST.jsonl --lambda 0.1 [--json]
 
 The value of a stop right after event k is ``q - lam * ktokens``: q the grade of
 the latest ``aggregate`` at or before k (0 before any), ktokens the tokens up to
-and including k. Failure modes are :func:`training.simulate.failure_modes`.
+and including k. Failure modes are :func:`stopserve.training.simulate.failure_modes`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from stopserve.errors import StopServeError, TrainingError
 from stopserve.features import RunState
 from stopserve.policy import Policy
 from stopserve.trace import Trace, is_decision_point, read_traces
-from training.simulate import failure_modes
+from stopserve.training.simulate import failure_modes
 
 __all__ = ["gap_report", "main"]
 
@@ -94,8 +94,8 @@ def gap_report(policy: Policy, traces: Iterable[Trace], lam: float) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m training.gap_report MODEL_DIR TRACES... --lambda X [--json]``."""
-    ap = argparse.ArgumentParser(prog="python -m training.gap_report", description=__doc__)
+    """``python -m stopserve.training.gap_report MODEL_DIR TRACES... --lambda X [--json]``."""
+    ap = argparse.ArgumentParser(prog="python -m stopserve.training.gap_report", description=__doc__)
     ap.add_argument("model")
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--lambda", dest="lam", type=float, required=True)

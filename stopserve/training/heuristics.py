@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stopserve.errors import TrainingError
-from training.labels import BoolArray, DecisionPoints, FloatArray, IntArray
+from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray, IntArray
 
 __all__ = [
     "HEURISTICS",

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Train the shipped default model into models/default, reproducibly (same inputs + seed -> same model).
 #
-#   models/train_default.sh                 # from the repository root, after `pip install -e '.[all]'`
-#   N=2000 SEED=10 LAMBDA=0.1 models/train_default.sh
+#   training/train_default.sh                 # from the repository root, after `pip install -e '.[all]'`
+#   N=2000 SEED=10 LAMBDA=0.1 training/train_default.sh
 #
 # Inputs: N simulated orchestration traces of every topology (`stopserve simulate --run-to-cap
 # --optimal`: every run goes on to its hard cap with every prefix graded, issue 7's exactly
@@ -31,7 +31,7 @@ stopserve train "$work/simulated.jsonl" -o "$work/model" --method optimal --cost
 
 # measured on N fresh traces (next seed): per topology, the share of the behavior->optimum gap closed
 stopserve simulate --n "$N" --seed "$((SEED + 1))" --run-to-cap --optimal --lambda "$LAMBDA" -o "$work/test.jsonl"
-python -m training.gap_report "$work/model" "$work/test.jsonl" --lambda "$LAMBDA" --json > "$work/gap.json"
+python -m stopserve.training.gap_report "$work/model" "$work/test.jsonl" --lambda "$LAMBDA" --json > "$work/gap.json"
 
 # record how the model was made in its manifest (and so in the generated, hashed MODEL_CARD.md)
 python - "$work/model" "$N" "$SEED" "$work/gap.json" "$LAMBDA" <<'PY'
@@ -46,16 +46,16 @@ art = load_model_dir(path)
 manifest = {k: v for k, v in art.manifest.items() if k not in ("format", "files")}
 data = manifest.get("training_data")
 data = dict(data) if isinstance(data, dict) else {}
-data["command"] = f"N={n} SEED={seed} LAMBDA={lam} models/train_default.sh"
+data["command"] = f"N={n} SEED={seed} LAMBDA={lam} training/train_default.sh"
 data["sources"] = (
     f"stopserve simulate --n {n} --seed {seed} --run-to-cap --optimal --lambda {lam} "
-    "(every topology; no real runs: see models/train_default.sh)"
+    "(every topology; no real runs: see training/train_default.sh)"
 )
 data["gap_closed_on_fresh_traces"] = (
     f"lambda {lam} per ktoken, {n} traces of seed {int(seed) + 1}, exact (run to cap); "
     "share of the behavior->optimum gap closed: "
     + ", ".join(f"{t} {r['gap_closed']:.1%}" for t, r in gap.items())
-    + " (python -m training.gap_report)"
+    + " (python -m stopserve.training.gap_report)"
 )
 manifest["training_data"] = data
 save_model_dir(path, manifest, art.models)

@@ -1,6 +1,6 @@
 """Learn a stop policy from decision points: LightGBM Q, S, K, D (and C), τ, and the guard.
 
-Targets, one row per decision point (``training.labels``):
+Targets, one row per decision point (``stopserve.training.labels``):
 
 - Q(s) ≈ E[q_T | s_t]: the quality the run reaches at its own end (``q_final``);
 - S(s) ≈ E[q_t | s_t]: the quality it would hand back if stopped now (``q``);
@@ -25,7 +25,7 @@ rule already learned (``q_τ − λ·(c_τ − c_t)`` at the rule's next stop, o
 logged end), not on ``max(g, Ĉ)``; the rule is refined over a few passes, each
 built from out-of-fold predictions so no trace's targets come from a model that saw it.
 
-Bad input: no traces / no outcome are refused by ``training.labels``; fewer than
+Bad input: no traces / no outcome are refused by ``stopserve.training.labels``; fewer than
 2 traces or folds are refused; a single group falls back to folds over traces
 (said loudly); all successes or all failures train a constant Q (documented in
 docs/training.md).
@@ -50,8 +50,14 @@ import numpy.typing as npt
 from stopserve.artifacts import save_model_dir
 from stopserve.errors import TrainingError
 from stopserve.features import FEATURE_NAMES
-from training.heuristics import HEURISTICS, cross_fit_heuristics, group_folds, replay, tune_heuristics
-from training.labels import DecisionPoints
+from stopserve.training.heuristics import (
+    HEURISTICS,
+    cross_fit_heuristics,
+    group_folds,
+    replay,
+    tune_heuristics,
+)
+from stopserve.training.labels import DecisionPoints
 
 __all__ = [
     "DEFAULT_LAMBDA",
@@ -818,7 +824,7 @@ def _version(manifest: Mapping[str, Any]) -> str:
 
 def _shipped_safety(min_turns: int, cap: float | None, loop: bool, cost_unit: str) -> Any:
     """Safety nets shipped with a learned model: min_turns and the tuned cost cap and loop detector."""
-    from training.heuristics import HeuristicRule
+    from stopserve.training.heuristics import HeuristicRule
 
     return HeuristicRule(cost_cap=cap, loop=loop, min_turns=min_turns).to_safety_config(cost_unit)
 
@@ -848,7 +854,7 @@ def _table(rows: Iterable[tuple[str, ...]]) -> str:
 def train_command(args: argparse.Namespace) -> int:
     """``stopserve train TRACES -o MODEL_DIR``: fit, guard, write the model directory, print a summary."""
     from stopserve.trace import read_traces
-    from training.labels import build_decision_points
+    from stopserve.training.labels import build_decision_points
 
     progress = not args.no_progress
     dp = build_decision_points(

@@ -52,7 +52,15 @@ import numpy.typing as npt
 from stopserve.errors import Issue, TraceValidationError
 from stopserve.trace import EVENT_TYPES, TOPOLOGIES, Budget, Event
 
-__all__ = ["CYCLE_MAX_PERIOD", "FEATURE_NAMES", "LOOP_PATTERNS", "RunState"]
+__all__ = [
+    "ABSOLUTE_SCALE_FEATURES",
+    "CYCLE_MAX_PERIOD",
+    "FEATURE_GROUPS",
+    "FEATURE_NAMES",
+    "LOOP_PATTERNS",
+    "RunState",
+    "scale_free_features",
+]
 
 _NAN: Final = math.nan
 _INF: Final = math.inf
@@ -133,9 +141,98 @@ FEATURE_NAMES: Final[tuple[str, ...]] = (
     "stop_proposals",
     "turns_since_proposal",
     "rounds_at_best",
+    # progress on real runs: scale-free (shares and ratios), so they transfer across systems
+    "proposals_rejected",
+    "turns_since_new_result",
+    "error_share_total",
+    "tokens_last_turn_ratio",
+    "tokens_share_since_best",
 )
 
+#: Features grouped by what they describe (docs/features.md; the trainer's ablation table).
+FEATURE_GROUPS: Final[dict[str, tuple[str, ...]]] = {
+    "progress": (
+        "elapsed_s",
+        "turn",
+        "n_events",
+        *(f"n_{kind}" for kind in EVENT_TYPES),
+        "agents_seen",
+        "agents_active",
+        "delegations_pending",
+        "seconds_last_event",
+        "seconds_per_turn",
+    ),
+    "spend": (
+        "tokens",
+        "usd",
+        "tokens_per_turn",
+        "usd_per_turn",
+        "tokens_last_turn",
+        "budget_share_turns",
+        "budget_share_seconds",
+        "budget_share_tokens",
+        "budget_share_usd",
+    ),
+    "errors": ("errors_total", "errors_consecutive", "error_share_recent"),
+    "repetition": (
+        "latest_ref_count",
+        "identical_run",
+        "identical_run_max",
+        "distinct_ref_ratio",
+        "abab_flag",
+        "same_result_run",
+        "same_error_run",
+        "monologue_run",
+        "alternation_len",
+        "cycle_repeats",
+    ),
+    "consensus": ("consensus_share", "consensus_agents"),
+    "rewards": ("reward_latest", "reward_best", "reward_delta", "turns_since_best", "tokens_since_best"),
+    "structure": (
+        *(f"topology_{name}" for name in TOPOLOGIES),
+        "stop_proposals",
+        "turns_since_proposal",
+        "rounds_at_best",
+    ),
+    "real_runs": (
+        "proposals_rejected",
+        "turns_since_new_result",
+        "error_share_total",
+        "tokens_last_turn_ratio",
+        "tokens_share_since_best",
+    ),
+}
+
+#: Features measured in a system's own absolute units (seconds, tokens, dollars): they tell
+#: a 1k-token system from a 1M-token one, so a model meant to transfer between systems
+#: leaves them out (see :func:`scale_free_features`).
+ABSOLUTE_SCALE_FEATURES: Final[tuple[str, ...]] = (
+    "elapsed_s",
+    "seconds_last_event",
+    "seconds_per_turn",
+    "tokens",
+    "usd",
+    "tokens_per_turn",
+    "usd_per_turn",
+    "tokens_last_turn",
+    "tokens_since_best",
+)
+
+
+def scale_free_features(*, topology: bool = False) -> tuple[str, ...]:
+    """Feature names without absolute sizes (and without the topology one-hots unless asked).
+
+    What a model trained across systems whose runs cost 1k and 1M tokens should read: counts,
+    shares and ratios. Most users never send a topology, so a transferable model ignores it.
+    """
+    drop = set(ABSOLUTE_SCALE_FEATURES)
+    if not topology:
+        drop |= {n for n in FEATURE_NAMES if n.startswith("topology_")}
+    return tuple(n for n in FEATURE_NAMES if n not in drop)
+
 _N_FEATURES: Final = len(FEATURE_NAMES)
+#: Events that are work, not an answer or a verdict: after a proposed stop they mean it was not taken.
+_WORK_KINDS: Final = frozenset({"spawn", "delegate", "communicate", "tool_use", "aggregate"})
 _TOPOLOGY_INDEX: Final = {name: i for i, name in enumerate(TOPOLOGIES)}
 
 # a finished action: ((agent, tool, action ref), result ref, failed, event ids)
@@ -208,7 +305,10 @@ class RunState:
         "_pending_action",
         "_prev_reward",
         "_primary_channel",
+        "_proposal_open",
         "_proposals",
+        "_rejected",
+        "_last_new_result_turn",
         "_ref_counts",
         "_ref_window",
         "_refs_recent",
@@ -306,6 +406,11 @@ class RunState:
         # structure
         self._proposals = 0
         self._last_proposal_turn: int | None = None
+        # a proposed stop the run went on from (the next decision point came): rejected
+        self._proposal_open = False
+        self._rejected = 0
+        # the turn of the latest result (return or aggregate) whose content had not been seen
+        self._last_new_result_turn: int | None = None
 
     # ------------------------------------------------------------------ folding
 
@@ -401,11 +506,14 @@ class RunState:
             agents.add(agent)
         self._active_window.append(agent)
 
+        new_result = False
         if ref is not None:
             if len(ref) > MAX_REF_CHARS:
                 ref = _digest(ref)
             counts = self._ref_counts
-            counts[ref] = counts.pop(ref, 0) + 1
+            seen_before = counts.pop(ref, 0)
+            counts[ref] = seen_before + 1
+            new_result = not seen_before and (kind == "return" or kind == "aggregate")
             if len(counts) > self._ref_window << 1:
                 self._ref_counts = dict(list(counts.items())[-self._ref_window :])
             self._last_ref = ref
@@ -442,6 +550,10 @@ class RunState:
         if len(positions) > _SIG_POS_CAP:
             cutoff = index - CYCLE_MAX_PERIOD
             self._sig_pos = {k: v for k, v in positions.items() if v >= cutoff}
+
+        if self._proposal_open and kind in _WORK_KINDS:
+            self._rejected += 1  # the run went back to work after a proposed stop: not taken
+            self._proposal_open = False
 
         if err is not None or kind == "return":
             if err:
@@ -491,6 +603,9 @@ class RunState:
                 return True
             self._proposals += 1
             self._last_proposal_turn = self._turn + 1
+            if self._proposal_open:
+                self._rejected += 1  # a proposal after a proposal: the first was not taken
+            self._proposal_open = True
         elif kind == "delegate":
             self._pending += 1
             return True
@@ -501,6 +616,8 @@ class RunState:
             self._agg_repeat = ref is not None and ref == self._agg_ref
             self._agg_ref = ref
         # a decision point follows this event (stopserve.trace.is_decision_point)
+        if new_result:
+            self._last_new_result_turn = self._turn + 1
         self._turn += 1
         tokens = self._tokens
         self._tokens_last_turn = tokens - self._tokens_at_turn
@@ -659,6 +776,11 @@ class RunState:
             self._proposals,
             _NAN if self._last_proposal_turn is None else turn - self._last_proposal_turn,
             _NAN if best is None else self._at_best,
+            self._rejected,
+            _NAN if self._last_new_result_turn is None else turn - self._last_new_result_turn,
+            self._err_total / per_turn,
+            self._tokens_last_turn * per_turn / self._tokens if self._tokens else _NAN,
+            _NAN if best is None or not self._tokens else (self._tokens - self._best_tokens) / self._tokens,
         ]
         # fromiter: 3x faster than np.array on a short list of mixed ints and floats
         return np.fromiter(values, dtype=np.float64, count=_N_FEATURES)

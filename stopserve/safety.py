@@ -18,8 +18,13 @@ conditions do):
 >>> SafetyConfig.loads(both.dumps()) == both
 True
 
-``SafetyConfig()`` is the recommended default: the loop detector on with the
-thresholds tuned on real runs (``docs/safety.md``), ``min_turns`` 2, no budget.
+:data:`DEFAULT_SAFETY` (``SafetyConfig()``) is the one default, used by the service, the
+client's local fallback and every integration when nothing else is given: the loop
+detector on with the thresholds tuned on real runs (``docs/safety.md``), ``quality_met``
+at 1.0 on the ``quality`` channel (a run whose quality reward reaches the top of the
+format's [0, 1] scale is done), ``min_turns`` 1, no budget. A model's manifest may add
+nets, never switch these off; turning one off takes an explicit config
+(``{"loop": false}``, ``{"quality_met": null}``).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from pydantic import (
@@ -43,7 +48,7 @@ from stopserve.errors import ConfigError, Issue
 from stopserve.features import LOOP_PATTERNS, RunState
 from stopserve.trace import Limit, StopReason, Trace, is_decision_point
 
-__all__ = ["LoopConfig", "SafetyConfig", "SafetyStop"]
+__all__ = ["DEFAULT_SAFETY", "LoopConfig", "SafetyConfig", "SafetyStop"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +174,9 @@ class SafetyConfig(BaseModel):
     max_seconds: float | None = Field(default=None, ge=0)
     max_tokens: int | None = Field(default=None, ge=0)
     max_usd: float | None = Field(default=None, ge=0)
-    min_turns: int = Field(default=2, ge=0)
-    quality_met: float | None = None
-    quality_channel: str | None = None
+    min_turns: int = Field(default=1, ge=0)
+    quality_met: float | None = 1.0
+    quality_channel: str | None = "quality"
     loop: LoopConfig = Field(default_factory=LoopConfig)
     any: list[SafetyConfig] | None = None
     all: list[SafetyConfig] | None = None
@@ -190,13 +195,13 @@ class SafetyConfig(BaseModel):
         """Stop when either config would."""
         if not isinstance(other, SafetyConfig):
             return NotImplemented
-        return SafetyConfig(min_turns=0, loop=LoopConfig(enabled=False), any=[self, other])
+        return SafetyConfig(min_turns=0, loop=LoopConfig(enabled=False), quality_met=None, any=[self, other])
 
     def __and__(self, other: SafetyConfig) -> SafetyConfig:
         """Stop only when both configs would (at the same decision point)."""
         if not isinstance(other, SafetyConfig):
             return NotImplemented
-        return SafetyConfig(min_turns=0, loop=LoopConfig(enabled=False), all=[self, other])
+        return SafetyConfig(min_turns=0, loop=LoopConfig(enabled=False), quality_met=None, all=[self, other])
 
     # ------------------------------------------------------------------ deciding
 
@@ -328,8 +333,38 @@ class SafetyConfig(BaseModel):
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready data that :meth:`from_dict` reads back to an equal config."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """JSON-ready data that :meth:`from_dict` reads back to an equal config.
+
+        Nets switched off are written as ``null`` (an omitted key would mean the default, on).
+        """
+        data = self.model_dump(mode="json", exclude_none=True)
+        if self.quality_met is None:
+            data["quality_met"] = None
+        for key in ("any", "all"):
+            if key in data:
+                data[key] = [c.to_dict() for c in getattr(self, key)]
+        return data
+
+    def switched_off(self) -> list[str]:
+        """Default nets this config turns off (``loop``, ``loop.<pattern>``, ``quality_met``).
+
+        Used to refuse a model manifest that would silently weaken :data:`DEFAULT_SAFETY`.
+        """
+        off: list[str] = []
+        if not self.loop.enabled:
+            off.append("loop")
+        else:
+            default = LoopConfig()
+            off += [f"loop.{p}" for p in LOOP_PATTERNS if getattr(default, p) and not getattr(self.loop, p)]
+        if self.quality_met is None:
+            off.append("quality_met")
+        return off
+
+    def tightened_by(self, extra: SafetyConfig | None) -> SafetyConfig:
+        """These nets plus ``extra``'s (any-of): ``extra`` can add stops, never remove one."""
+        if extra is None or extra == self:
+            return self
+        return self | extra
 
     def dumps(self) -> str:
         """The config as JSON text."""
@@ -358,3 +393,7 @@ def _message(err: Any) -> str:
     if value is None or isinstance(value, dict | list):
         return msg
     return f"{msg} (got {value!r})"
+
+
+#: The one default set of safety nets (see the module docstring and docs/safety.md).
+DEFAULT_SAFETY: Final[SafetyConfig] = SafetyConfig()

@@ -341,7 +341,16 @@ def test_real_swe_runs_fold(swe_dir: Path) -> None:
 
 def _may_be_nan(name: str) -> bool:
     return name.startswith(
-        ("budget_share", "reward_", "turns_since", "tokens_since", "consensus_share", "rounds_at_best")
+        (
+            "budget_share",
+            "reward_",
+            "turns_since",
+            "tokens_since",
+            "consensus_share",
+            "rounds_at_best",
+            "tokens_last_turn_ratio",
+            "tokens_share_since_best",
+        )
     )
 
 
@@ -428,3 +437,53 @@ def test_rounds_at_best_counts_working_rounds_that_kept_the_best() -> None:
     assert feat(s, "rounds_at_best") == 2
     round_("a6", 0.5)  # a new best resets
     assert feat(s, "rounds_at_best") == 0
+
+
+# ---------------------------------------------------------------- real-run features
+
+
+def test_rejected_proposals_count_work_after_a_proposed_stop() -> None:
+    s = RunState()
+    s.fold(ev(0, "tool_use", tokens=100, content_ref="a"))
+    s.fold(ev(1, "return", content_ref="r1"))
+    s.fold(ev(2, "stop", proposed=True, reason="information_complete", tokens=50))
+    s.fold(ev(3, "reward", value=0.0))  # the verdict: not work, the proposal is still open
+    assert feat(s, "proposals_rejected") == 0.0
+    s.fold(ev(4, "tool_use", content_ref="b"))  # back to work: the proposal was not taken
+    assert feat(s, "proposals_rejected") == 1.0
+    s.fold(ev(5, "stop", proposed=True, reason="information_complete"))
+    s.fold(ev(6, "stop", proposed=True, reason="information_complete"))  # a second one in a row
+    assert feat(s, "proposals_rejected") == 2.0
+
+
+def test_turns_since_new_result_and_scale_free_spend() -> None:
+    s = RunState()
+    assert math.isnan(feat(s, "turns_since_new_result"))
+    s.fold(ev(0, "tool_use", tokens=100, content_ref="a"))
+    s.fold(ev(1, "return", content_ref="same"))
+    assert feat(s, "turns_since_new_result") == 0.0
+    for i in range(2, 8, 2):  # the same result again and again: no progress
+        s.fold(ev(i, "tool_use", tokens=300, content_ref=f"x{i}"))
+        s.fold(ev(i + 1, "return", content_ref="same", error=True))
+    assert feat(s, "turn") == 4.0
+    assert feat(s, "turns_since_new_result") == 3.0
+    assert feat(s, "error_share_total") == 3 / 4
+    # 1,000 tokens over 4 turns, the last turn 300: 1.2 times the mean
+    assert feat(s, "tokens_last_turn_ratio") == pytest.approx(300 * 4 / 1000)
+    s.fold(ev(8, "reward", value=0.5))
+    s.fold(ev(9, "tool_use", tokens=1000, content_ref="y"))
+    s.fold(ev(10, "return", content_ref="same"))
+    assert feat(s, "tokens_share_since_best") == pytest.approx(1000 / 2000)
+
+
+def test_scale_free_subset_drops_absolute_sizes_and_topology() -> None:
+    from stopserve.features import ABSOLUTE_SCALE_FEATURES, FEATURE_GROUPS, scale_free_features
+
+    free = scale_free_features()
+    assert not set(free) & set(ABSOLUTE_SCALE_FEATURES)
+    assert not any(n.startswith("topology_") for n in free)
+    assert "reward_latest" in free and "budget_share_tokens" in free
+    assert any(n.startswith("topology_") for n in scale_free_features(topology=True))
+    # the groups partition the features
+    grouped = [n for names in FEATURE_GROUPS.values() for n in names]
+    assert sorted(grouped) == sorted(FEATURE_NAMES) and len(grouped) == len(set(grouped))

@@ -30,6 +30,8 @@ _RUNNERS: Final[dict[str, str]] = {
 }
 
 IMPORT_FORMATS: Final = ("survey", "mini-swe-agent", "openai-chat", "otel")
+#: ``stopserve.training.labels.GROUP_BY`` (not imported: the CLI stays light; a test keeps them equal)
+GROUP_BY: Final = ("task", "repo", "system", "dataset")
 
 
 def _positive_int(text: str) -> int:
@@ -81,17 +83,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="CSV")
     _label_options(p)
 
-    p = sub.add_parser("train", help="learn a stop policy from traces and write a model directory")
+    p = sub.add_parser(
+        "train",
+        help="learn a stop policy from traces and write a model directory",
+        description="Learn a stop policy; it ships only when it beats the best tuned heuristic with "
+        "error bars (docs/training.md). Every default is shown below.",
+    )
     p.add_argument("traces", nargs="+", metavar="TRACES")
     p.add_argument("-o", "--output", required=True, metavar="MODEL_DIR")
+    _cost_options(p)
     p.add_argument(
-        "--lambda", dest="lam", type=_non_negative_float, help="cost weight (cost units per reward)"
+        "--cost-scale",
+        choices=("fixed", "per-run"),
+        default="fixed",
+        help="fixed: lambda from these traces' mean cost (a model for this system); per-run: costs "
+        "normalised per data set and, served, each run's own expected cost (a model for systems it has "
+        "not seen, e.g. the shipped default). Default: fixed",
     )
-    p.add_argument("--method", choices=("behavior", "optimal"), default="behavior")
-    p.add_argument("--folds", type=_positive_int, default=5, help="grouped cross-validation folds")
-    p.add_argument("--group-by", choices=("task", "repo"), default="task", help="what CV folds never split")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--min-turns", type=_positive_int, default=2, help="no model stop before this turn")
+    p.add_argument(
+        "--method",
+        choices=("auto", "behavior", "optimal"),
+        default="auto",
+        help="value of continuing: behavior (to the logged end), optimal (fitted backward induction) "
+        "or auto (chosen in cross-validation). Default: auto",
+    )
+    p.add_argument(
+        "--min-turns",
+        default="auto",
+        type=_auto_or_int,
+        help="no model stop before this decision point; auto tunes 1, 2 or 3 in cross-validation. "
+        "Default: auto",
+    )
+    p.add_argument(
+        "--features",
+        default="all",
+        help="all, scale-free (no absolute sizes or topology: transfers across systems) or a comma "
+        "list of names (docs/features.md). Default: all",
+    )
+    p.add_argument(
+        "--folds", type=_positive_int, default=5, help="grouped cross-validation folds. Default: 5"
+    )
+    _group_option(p, "what cross-validation folds never split")
+    p.add_argument(
+        "--min-groups",
+        type=_positive_int,
+        default=10,
+        help="fewer groups and the tuned heuristic ships (a guard cannot tell a model from luck). "
+        "Default: 10",
+    )
+    p.add_argument("--seed", type=int, default=0, help="Default: 0")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _label_options(p)
 
@@ -99,10 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("traces", nargs="+", metavar="TRACES")
     p.add_argument("--model", required=True, metavar="DIR")
     p.add_argument("--tune-on", nargs="+", metavar="TRACES", help="traces to tune the heuristics on")
-    p.add_argument("--lambda", dest="lam", type=_non_negative_float)
+    _cost_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw the success/cost Pareto chart")
-    p.add_argument("--group-by", choices=("task", "repo"), default="task", help="bootstrap resampling unit")
+    _group_option(p, "bootstrap resampling unit and cross-fitting groups")
     p.add_argument("--seed", type=int, default=0)
     _label_options(p)
 
@@ -124,6 +164,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive_int, help="worker processes (STOPSERVE_WORKERS)")
     p.add_argument("--no-model", action="store_true", help="run on safety nets alone")
     return parser
+
+
+def _auto_or_int(text: str) -> str | int:
+    return "auto" if text == "auto" else _positive_int(text)
+
+
+def _share(text: str) -> float:
+    value = _non_negative_float(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"a cost share is a fraction of a success's value, got {value}")
+    return value
+
+
+def _cost_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--lambda",
+        dest="lam",
+        type=_non_negative_float,
+        help="absolute cost weight: quality units per cost unit (e.g. per thousand tokens)",
+    )
+    group.add_argument(
+        "--cost-share",
+        type=_share,
+        help="what cost is worth as a share: 0.3 = a whole behavior run costs 30%% of a success "
+        "(resolved to lambda from the traces' mean cost). Default when neither is given: 0.3",
+    )
+
+
+def _group_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--group-by",
+        choices=GROUP_BY,
+        default="task",
+        help=f"{what}: task id, repository (SWE-bench ids), system (e.g. one model) or data set. "
+        "Default: task",
+    )
 
 
 def _label_options(p: argparse.ArgumentParser) -> None:

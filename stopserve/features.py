@@ -230,6 +230,7 @@ def scale_free_features(*, topology: bool = False) -> tuple[str, ...]:
         drop |= {n for n in FEATURE_NAMES if n.startswith("topology_")}
     return tuple(n for n in FEATURE_NAMES if n not in drop)
 
+
 _N_FEATURES: Final = len(FEATURE_NAMES)
 #: Events that are work, not an answer or a verdict: after a proposed stop they mean it was not taken.
 _WORK_KINDS: Final = frozenset({"spawn", "delegate", "communicate", "tool_use", "aggregate"})
@@ -290,6 +291,7 @@ class RunState:
         "_ident_sig",
         "_ids",
         "_last_dt",
+        "_last_new_result_turn",
         "_last_proposal_turn",
         "_last_ref",
         "_last_t",
@@ -307,11 +309,10 @@ class RunState:
         "_primary_channel",
         "_proposal_open",
         "_proposals",
-        "_rejected",
-        "_last_new_result_turn",
         "_ref_counts",
         "_ref_window",
         "_refs_recent",
+        "_rejected",
         "_same_err_run",
         "_same_res_run",
         "_seen_window",
@@ -513,7 +514,7 @@ class RunState:
             counts = self._ref_counts
             seen_before = counts.pop(ref, 0)
             counts[ref] = seen_before + 1
-            new_result = not seen_before and (kind == "return" or kind == "aggregate")
+            new_result = not seen_before and kind in {"return", "aggregate"}
             if len(counts) > self._ref_window << 1:
                 self._ref_counts = dict(list(counts.items())[-self._ref_window :])
             self._last_ref = ref

@@ -1,22 +1,30 @@
 """Truncation replay of stop policies on held-out traces, and ``stopserve evaluate``.
 
-A policy stops a run at its first stop decision; its value there is
-``q_t - lam * c_t``; a run it never stops gets the logged end (nothing can be
-replayed past what was logged). Policies compared:
+Every policy is replayed through its own ``Policy.decide`` on each decision point's live
+:class:`~stopserve.features.RunState` (:mod:`stopserve.training.replay`), as the service
+would run it: proposed stops, safety nets and ``min_turns`` included. A policy stops a
+run at its first stop decision; its value there is ``q_t − λ·c_t``; a run it never stops
+gets the logged end (nothing can be replayed past what was logged). Policies compared
+(``../shared/spec/evaluation-protocol.md``):
 
 - ``behavior``: the run as logged, to its end;
 - each tuned heuristic (:mod:`stopserve.training.heuristics`), tuned on ``tune_on``
-  traces and never on the evaluated ones; without them, cross-fitted by group
-  (each trace's heuristic is tuned on the other folds) -- the report says which;
-- ``learned``: the model directory's policy, replayed through
-  ``Policy.decide`` on every decision point's live :class:`RunState`;
+  traces and never on the evaluated ones; without them, cross-fitted by group (each
+  trace's heuristic is tuned on the other folds) -- the report says which;
+- ``learned``: the model directory's policy (a learned model, or the heuristic it
+  shipped instead: the report says which);
 - ``oracle``: hindsight, the best ``R_stop(t)`` of each trace (its logged end included);
 - ``optimal``: the simulator's Bayes-optimal value, when every trace carries
-  ``metrics.optimal_value`` at this lambda.
+  ``metrics.optimal_value`` at this λ.
+
+λ is absolute (``lam``, per cost unit) or a cost share s: λ = s / the mean cost of a
+behavior run, per data set, from the ``tune_on`` traces (the training side) when given,
+else from the evaluated ones. The policy is told what a user would tell it (``lambda``
+or ``cost_share``); the value is measured at the set's λ.
 
 Evaluation is *exact* when every trace ran to its cap with every prefix graded
-(``metrics.run_to_cap == 1``); otherwise a policy that would have continued
-past the logged end is credited with the logged end, a lower bound for it.
+(``metrics.run_to_cap == 1``); otherwise a policy that would have continued past the
+logged end is credited with the logged end, a lower bound for it.
 """
 
 from __future__ import annotations
@@ -34,33 +42,39 @@ import numpy.typing as npt
 
 from stopserve.errors import TrainingError
 from stopserve.features import RunState
-from stopserve.trace import Trace, read_traces
+from stopserve.policy import Policy
+from stopserve.trace import Trace
+from stopserve.training.fit import TraceSource
 from stopserve.training.heuristics import (
     HEURISTICS,
+    HeuristicRule,
     Replay,
+    TunedHeuristic,
     cross_fit_heuristics,
-    replay,
-    sweep,
     tune_heuristics,
 )
-from stopserve.training.labels import DecisionPoints, FloatArray, StopRule, build_decision_points
+from stopserve.training.heuristics import replay as replay_mask
+from stopserve.training.labels import DecisionPoints, FloatArray, build_decision_points
+from stopserve.training.replay import replay_decide, replay_rows
 
 __all__ = ["LAMBDA_SWEEP", "evaluate", "evaluate_command", "plot_pareto"]
 
-#: Multiples of lambda the learned policy is swept over for the Pareto chart.
+#: Multiples of λ (or of the cost share) the learned policy is swept over for the Pareto chart.
 LAMBDA_SWEEP: Final[tuple[float, ...]] = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 10.0, 30.0)
-
-#: Fallback lambda when neither the command nor the model gives one.
-DEFAULT_LAMBDA: Final = 0.1
-
+#: Points of each heuristic's parameter sweep (each replayed through ``decide``).
+SWEEP_POINTS: Final = 10
 N_BOOT: Final = 1000
 
 
-def _decide_rule(policy: Any, lam: float) -> StopRule:
-    def rule(state: RunState, proposed: bool) -> bool:
-        return bool(policy.decide(state, lam=lam, proposed_stop=proposed).action == "stop")
+class _Fixed:
+    """A policy replayed at its own λ or cost share, whatever the replay passes."""
 
-    return rule
+    def __init__(self, policy: Policy, lam: float | None, cost_share: float | None) -> None:
+        self.policy, self.lam, self.cost_share = policy, lam, cost_share
+
+    def decide(self, state: RunState, **kw: Any) -> Any:
+        kw.update(lam=self.lam, cost_share=self.cost_share)
+        return self.policy.decide(state, **kw)
 
 
 def _oracle_mask(dp: DecisionPoints, lam: float) -> npt.NDArray[np.bool_]:
@@ -75,6 +89,7 @@ def _metrics(
     rep: dict[str, Replay],
     groups: npt.NDArray[np.str_],
     *,
+    best_heuristic: str,
     optimal: FloatArray | None,
     n_boot: int,
     seed: int,
@@ -98,8 +113,9 @@ def _metrics(
     }
     if optimal is not None:
         series["optimal"] = {"value": draw(optimal)}
-    b, o = series["behavior"], series["oracle"]
+    b, o, h = series["behavior"], series["oracle"], series[best_heuristic]
     gap = o["value"] - b["value"]
+    room = o["value"] - h["value"]
     opt_gap = series["optimal"]["value"] - b["value"] if optimal is not None else None
     out: dict[str, dict[str, Any]] = {}
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -111,6 +127,7 @@ def _metrics(
                 "cost_saved": 1.0 - s["cost"] / b["cost"] if "cost" in s else None,
                 "success_lost": b["success"] - s["success"] if "success" in s else None,
                 "gap_closed": (s["value"] - b["value"]) / gap,
+                "room_closed": (s["value"] - h["value"]) / room,
             }
             if opt_gap is not None:
                 figs["gap_closed_optimal"] = (s["value"] - b["value"]) / opt_gap
@@ -133,97 +150,175 @@ def _metrics(
     return out
 
 
+def _sweep_rules(dp: DecisionPoints, name: str, cost_unit: str) -> list[tuple[Any, TunedHeuristic]]:
+    """A coarse parameter sweep of one single-net heuristic (for the Pareto chart)."""
+    param = {"turn_cap": "turn_cap", "cost_cap": "cost_cap", "reward_threshold": "reward_threshold"}[name]
+    source = {
+        "turn_cap": dp.turn.astype(np.float64),
+        "cost_cap": dp.c_raw,
+        "reward_threshold": dp.latest_reward,
+    }
+    values = source[name][np.isfinite(source[name])]
+    if values.size == 0:
+        return []
+    points = np.unique(np.quantile(values, np.linspace(0.0, 1.0, SWEEP_POINTS), method="nearest"))
+    out = []
+    for v in points:
+        x: Any = int(v) if param == "turn_cap" else float(v)
+        if param != "reward_threshold" and x <= 0:
+            continue
+        rule = HeuristicRule(**{param: x})
+        out.append((x, TunedHeuristic(name, rule, math.nan, cost_unit, math.nan)))
+    return out
+
+
 def evaluate(
-    model_policy: Any,
-    traces_or_dp: Iterable[Trace] | DecisionPoints,
+    model_policy: Policy | None,
+    traces: Iterable[Trace] | Sequence[str | Path] | TraceSource,
     *,
-    lam: float,
-    tune_on: Iterable[Trace] | DecisionPoints | None = None,
+    lam: float | None = None,
+    cost_share: float | None = None,
+    tune_on: Iterable[Trace] | Sequence[str | Path] | TraceSource | None = None,
     cost_unit: str | None = None,
     labels_from_rewards: bool = False,
     group_by: str = "task",
     seed: int = 0,
     folds: int = 5,
     n_boot: int = N_BOOT,
-    sweep_lambdas: Sequence[float] = (),
+    sweep: bool = False,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Replay every policy on the evaluated traces; return the report as JSON-ready data.
 
     ``model_policy`` is a :class:`stopserve.policy.Policy` (or ``None`` to skip
-    ``learned``). With traces, it is replayed through ``decide`` on each
-    decision point's live state; with ready :class:`DecisionPoints`, column 0 of
-    their ``rule_stops`` must hold its stop flags at ``lam``. ``sweep_lambdas``
-    adds learned replays at other lambdas (``report["sweeps"]``, for the chart).
+    ``learned``). Give ``lam`` or ``cost_share``; with neither, the model's default
+    (a cost share of 0.3 without a model). ``sweep`` adds the Pareto sweeps
+    (``report["sweeps"]``: the learned policy at multiples of its λ or cost share, each
+    single-net heuristic over its parameter), every point replayed through ``decide``.
     """
-    if not (lam >= 0 and math.isfinite(lam)):
-        raise TrainingError(f"lambda must be a finite number >= 0, got {lam}")
-    notes: list[str] = []
-    if isinstance(traces_or_dp, DecisionPoints):
-        dp = traces_or_dp
-        if model_policy is not None and dp.rule_stops.shape[1:] < (1 + len(sweep_lambdas),):
-            raise TrainingError(
-                "evaluating a policy on ready decision points needs its stop flags in rule_stops; "
-                "pass the traces instead"
-            )
-    else:
-        rules: list[StopRule] = []
+    if lam is not None and cost_share is not None:
+        raise TrainingError("give lambda or cost share, not both")
+    for what, x in (("lambda", lam), ("cost share", cost_share)):
+        if x is not None and not (x >= 0 and math.isfinite(x)):
+            raise TrainingError(f"{what} must be a finite number >= 0, got {x}")
+    if lam is None and cost_share is None:
         if model_policy is not None:
-            rules = [_decide_rule(model_policy, x) for x in (lam, *sweep_lambdas)]
-        dp = build_decision_points(
-            traces_or_dp,
-            cost_unit=cost_unit,
+            lam, cost_share = model_policy.resolve(None, None)
+        else:
+            cost_share = 0.3
+    notes: list[str] = []
+    source = traces if isinstance(traces, TraceSource) else TraceSource(traces)
+    tune_source = (
+        None if tune_on is None else tune_on if isinstance(tune_on, TraceSource) else TraceSource(tune_on)
+    )
+    by_share = cost_share is not None
+    unit = cost_unit
+    if unit is None and model_policy is not None and model_policy.kind != "none":
+        unit = model_policy.cost_unit
+    tune_dp: DecisionPoints | None = None
+    scales: dict[str, float] | None = None
+    if tune_source is not None:
+        tune_dp = build_decision_points(
+            iter(tune_source),
+            cost_unit=unit,
             labels_from_rewards=labels_from_rewards,
             group_by=group_by,
-            progress=progress,
-            stop_rules=rules,
+            normalize_cost=by_share,
         )
-    rep: dict[str, Replay] = {"behavior": replay(dp, np.zeros(dp.n_rows, dtype=bool), lam)}
+        unit = tune_dp.cost_unit
+        scales = tune_dp.mean_costs()
+    dp = build_decision_points(
+        iter(source),
+        cost_unit=unit,
+        labels_from_rewards=labels_from_rewards,
+        group_by=group_by,
+        progress=progress,
+        normalize_cost=by_share,
+        cost_scales=scales,
+    )
+    # value weight: with a cost share, costs are normalised per data set and λ is the share
+    value_lam = float(cost_share) if cost_share is not None else float(lam or 0.0)
+    if cost_share is not None:
+        means = scales if scales is not None else dp.mean_costs()
+        notes.append(
+            f"cost share {cost_share:g}: lambda per data set = share / mean behavior cost "
+            f"({'tune-on' if scales is not None else 'evaluated'} traces): "
+            + ", ".join(f"{d} {cost_share / m:.4g} per {dp.cost_unit}" for d, m in means.items() if m > 0)
+        )
 
+    # heuristics: tuned on the training side, or cross-fitted by group
     heuristic_params: dict[str, Any]
-    if tune_on is not None:
-        tune_dp = (
-            tune_on
-            if isinstance(tune_on, DecisionPoints)
-            else build_decision_points(
-                tune_on, cost_unit=dp.cost_unit, labels_from_rewards=labels_from_rewards, group_by=group_by
-            )
-        )
-        if tune_dp.cost_unit != dp.cost_unit:
-            raise TrainingError(
-                f"--tune-on traces are in cost unit {tune_dp.cost_unit!r}, evaluated ones in {dp.cost_unit!r}"
-            )
-        tuned = tune_heuristics(tune_dp, lam)
+    if tune_dp is not None:
+        tuned = tune_heuristics(tune_dp, value_lam, cost_cap=not _per_run(model_policy))
         tuning = f"tuned on {tune_dp.n_traces} --tune-on traces"
         heuristic_params = {name: h.to_dict() for name, h in tuned.items()}
-        for name, h in tuned.items():
-            rep[name] = replay(dp, h.stop_mask(dp), lam)
+        heur_for = [[tuned[h].policy() for h in HEURISTICS]]
+        fold = np.zeros(dp.n_traces, dtype=np.int64)
     else:
-        masks, per_fold = cross_fit_heuristics(dp, lam, folds=folds, seed=seed)
-        k = len(next(iter(per_fold.values())))
+        fold, per_fold = cross_fit_heuristics(
+            dp, value_lam, folds=folds, seed=seed, cost_cap=not _per_run(model_policy)
+        )
+        k = len(per_fold)
         tuning = f"cross-fitted: tuned on the other {k - 1} of {k} folds grouped by {group_by}"
         notes.append(f"no --tune-on traces: heuristics {tuning}, never on the traces they are scored on")
-        heuristic_params = {name: {"name": name, "parameter_per_fold": p} for name, p in per_fold.items()}
-        for name in HEURISTICS:
-            rep[name] = replay(dp, masks[name], lam)
+        heuristic_params = {
+            name: {"name": name, "parameter_per_fold": [f[name].parameter for f in per_fold]}
+            for name in HEURISTICS
+        }
+        heur_for = [[f[h].policy() for h in HEURISTICS] for f in per_fold]
 
+    extra: list[Any] = []
+    sweep_meta: list[tuple[str, Any]] = []
+    if sweep:
+        if model_policy is not None:
+            for m in LAMBDA_SWEEP:
+                if by_share:
+                    extra.append(_Fixed(model_policy, None, float(cost_share or 0.0) * m))
+                else:
+                    extra.append(_Fixed(model_policy, float(lam or 0.0) * m, None))
+                sweep_meta.append(("learned", m))
+        for name in ("turn_cap", "cost_cap", "reward_threshold"):
+            if name == "cost_cap" and _per_run(model_policy):
+                continue
+            for x, th in _sweep_rules(dp, name, dp.cost_unit):
+                extra.append(th.policy())
+                sweep_meta.append((name, x))
+    kw: dict[str, Any] = {"cost_share": cost_share} if by_share else {"lam": lam}
+    learned = [] if model_policy is None else [model_policy]
+    stops = replay_decide(
+        iter(source),
+        dp,
+        lambda i: [*learned, *heur_for[int(fold[i])], *extra],
+        progress=progress,
+        **kw,
+    )
+    rep: dict[str, Replay] = {"behavior": replay_mask(dp, np.zeros(dp.n_rows, dtype=bool), value_lam)}
+    j = 0
     kind = None
     if model_policy is not None:
-        rep["learned"] = replay(dp, dp.rule_stops[:, 0], lam)
-        raw_kind = str(getattr(model_policy, "kind", "model"))
-        kind = "model" if raw_kind == "model" else "heuristic"
-    rep["oracle"] = replay(dp, _oracle_mask(dp, lam), lam)
+        rep["learned"] = replay_rows(dp, stops[0], value_lam)
+        kind = model_policy.kind
+        j = 1
+    for h in HEURISTICS:
+        rep[h] = replay_rows(dp, stops[j], value_lam)
+        j += 1
+    rep["oracle"] = replay_mask(dp, _oracle_mask(dp, value_lam), value_lam)
 
     optimal: FloatArray | None = None
     if np.isfinite(dp.optimal_value).all():
-        lam_ok = np.isfinite(dp.optimal_lambda).all() and bool(np.allclose(dp.optimal_lambda, lam))
+        lam_ok = (
+            not by_share
+            and np.isfinite(dp.optimal_lambda).all()
+            and bool(np.allclose(dp.optimal_lambda, value_lam))
+        )
         if lam_ok and dp.cost_unit == "ktokens":
             optimal = dp.optimal_value
         else:
             notes.append(
                 "traces carry metrics.optimal_value but at another lambda or cost unit "
                 f"(optimal_lambda {np.unique(dp.optimal_lambda)[:3].tolist()}, unit ktokens): "
-                "'optimal' not reported (evaluate simulator traces with --cost-unit ktokens at their lambda)"
+                "'optimal' not reported (evaluate simulator traces with --cost-unit ktokens and their "
+                "--lambda)"
             )
     elif np.isfinite(dp.optimal_value).any():
         notes.append("only some traces carry metrics.optimal_value: 'optimal' not reported")
@@ -231,12 +326,14 @@ def evaluate(
     n_groups = int(np.unique(dp.group).size)
     if n_groups < 2:
         notes.append("a single group: bootstrap intervals are degenerate (zero width)")
-    policies = _metrics(rep, dp.group, optimal=optimal, n_boot=n_boot, seed=seed)
-    if kind is not None:
+    best_heuristic = max(HEURISTICS, key=lambda n: rep[n].mean_value)
+    policies = _metrics(
+        rep, dp.group, best_heuristic=best_heuristic, optimal=optimal, n_boot=n_boot, seed=seed
+    )
+    if model_policy is not None:
         policies["learned"]["kind"] = kind
-        policies["learned"]["policy_kind"] = str(getattr(model_policy, "kind", "model"))
-        policies["learned"]["model_version"] = getattr(model_policy, "model_version", None)
-    best_heuristic = max(HEURISTICS, key=lambda n: policies[n]["value"])
+        policies["learned"]["model_version"] = model_policy.model_version
+        policies["learned"]["rule"] = model_policy.manifest.get("rule_text")
     exact = bool(dp.run_to_cap.all())
     if not exact:
         notes.append(
@@ -244,8 +341,11 @@ def evaluate(
         )
 
     report: dict[str, Any] = {
-        "lambda": lam,
+        "lambda": None if by_share else lam,
+        "cost_share": cost_share,
+        "value_lambda": value_lam,
         "cost_unit": dp.cost_unit,
+        "cost_normalised": by_share,
         "n_traces": dp.n_traces,
         "n_decision_points": dp.n_rows,
         "n_groups": n_groups,
@@ -257,26 +357,28 @@ def evaluate(
         "heuristics": heuristic_params,
         "notes": notes,
     }
-    if model_policy is not None and sweep_lambdas:
-        points = []
-        for j, x in enumerate(sweep_lambdas, start=1):
-            r = replay(dp, dp.rule_stops[:, j], lam)
-            points.append({"lambda": x, "success": float(r.q.mean()), "cost": float(r.c.mean())})
-        sweeps: dict[str, list[dict[str, Any]]] = {"learned": points}
-        for name in ("turn_cap", "cost_cap", "reward_threshold"):
-            sweeps[name] = [
-                {"parameter": v, "success": float(r.q.mean()), "cost": float(r.c.mean())}
-                for v, r in sweep(dp, name, lam)
-            ]
+    if sweep:
+        sweeps: dict[str, list[dict[str, Any]]] = {}
+        for (name, x), rows in zip(sweep_meta, stops[j:], strict=True):
+            r = replay_rows(dp, rows, value_lam)
+            key = "multiple" if name == "learned" else "parameter"
+            sweeps.setdefault(name, []).append(
+                {key: x, "success": float(r.q.mean()), "cost": float(r.c.mean()), "value": r.mean_value}
+            )
         report["sweeps"] = sweeps
     return report
+
+
+def _per_run(policy: Policy | None) -> bool:
+    scale = (policy.manifest.get("cost_scale") or {}) if policy is not None else {}
+    return isinstance(scale, dict) and scale.get("kind") == "per_run"
 
 
 # --------------------------------------------------------------------------- chart
 
 
 def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
-    """Draw success against mean cost: learned lambda sweep, heuristic sweeps, behavior, oracle."""
+    """Draw success against mean cost: learned λ sweep, heuristic sweeps, behavior, oracle."""
     try:
         import matplotlib
 
@@ -291,29 +393,33 @@ def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
         if not pts:
             continue
         ordered = sorted(pts, key=lambda p: p["cost"])
+        what = "cost-weight sweep" if name == "learned" else "parameter sweep"
         ax.plot(
             [p["cost"] for p in ordered],
             [p["success"] for p in ordered],
             styles.get(name, ".--"),
-            label=f"{name} ({'lambda sweep' if name == 'learned' else 'parameter sweep'})",
+            label=f"{name} ({what})",
             markersize=4,
         )
     if "learned" in report["policies"]:
         p = report["policies"]["learned"]
-        ax.plot(
-            [p["cost"]],
-            [p["success"]],
-            "bo",
-            markersize=10,
-            mfc="none",
-            label=f"learned at lambda {report['lambda']:g}",
-        )
+        ax.plot([p["cost"]], [p["success"]], "bo", markersize=10, mfc="none", label="shipped policy")
     for name, marker in (("behavior", "k*"), ("oracle", "r*")):
         p = report["policies"][name]
         ax.plot([p["cost"]], [p["success"]], marker, markersize=14, label=name)
-    ax.set_xlabel(f"mean cost ({report['cost_unit']})")
+    unit = (
+        f"{report['cost_unit']}, per data set's mean"
+        if report.get("cost_normalised")
+        else report["cost_unit"]
+    )
+    ax.set_xlabel(f"mean cost ({unit})")
     ax.set_ylabel("success (mean q at stop)")
-    ax.set_title(f"stop policies on {report['n_traces']} traces (lambda {report['lambda']:g})")
+    weight = (
+        f"cost share {report['cost_share']:g}"
+        if report.get("cost_share") is not None
+        else f"lambda {report['lambda']:g}"
+    )
+    ax.set_title(f"stop policies on {report['n_traces']} traces ({weight})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -327,7 +433,7 @@ def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
 
 # --------------------------------------------------------------------------- CLI
 
-_FIGURES: Final = ("value", "success", "cost", "cost_saved", "success_lost", "gap_closed")
+_FIGURES: Final = ("value", "success", "cost", "cost_saved", "success_lost", "gap_closed", "room_closed")
 
 
 def _fmt(x: Any) -> str:
@@ -335,36 +441,39 @@ def _fmt(x: Any) -> str:
 
 
 def _width(figure: str) -> int:
-    return max(14, len(figure) + 2)
+    return max(13, len(figure) + 2)
 
 
 def _table(report: dict[str, Any]) -> str:
     figures = _FIGURES + (("gap_closed_optimal",) if "optimal" in report["policies"] else ())
+    weight = (
+        f"cost share {report['cost_share']:g} (costs per data set's mean)"
+        if report.get("cost_share") is not None
+        else f"lambda {report['lambda']:g} per {report['cost_unit']}"
+    )
     lines = [
-        f"lambda {report['lambda']:g} per {report['cost_unit']}, {report['n_traces']} traces, "
-        f"{report['n_decision_points']} decision points, {report['n_groups']} groups "
-        f"({'exact' if report['exact'] else 'not exact'}); heuristics {report['heuristic_tuning']}",
-        f"{'policy':<20}" + "".join(f"{f:>{_width(f)}}" for f in figures) + "   value 95% CI",
+        f"{weight}, {report['n_traces']} traces, {report['n_decision_points']} decision points, "
+        f"{report['n_groups']} groups ({'exact' if report['exact'] else 'not exact'}); "
+        f"heuristics {report['heuristic_tuning']}",
+        f"{'policy':<22}" + "".join(f"{f:>{_width(f)}}" for f in figures) + "   value 95% CI",
     ]
     for name, p in report["policies"].items():
         label = f"learned ({p['kind']})" if name == "learned" else name
         ci = p["ci95"]["value"]
         ci_text = f"   [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else ""
-        lines.append(f"{label:<20}" + "".join(f"{_fmt(p.get(f)):>{_width(f)}}" for f in figures) + ci_text)
-    lines.append(f"best heuristic: {report['best_heuristic']}")
+        lines.append(f"{label:<22}" + "".join(f"{_fmt(p.get(f)):>{_width(f)}}" for f in figures) + ci_text)
+    lines.append(
+        f"best heuristic: {report['best_heuristic']}; gap_closed: share of behavior -> oracle; "
+        "room_closed: share of best heuristic -> oracle"
+    )
     lines.extend(f"note: {n}" for n in report["notes"])
     return "\n".join(lines)
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
-    """``stopserve evaluate --model DIR TRACES... [--tune-on ...] [--lambda X] [--json] [--plot F]``."""
-    from stopserve.policy import Policy
-
+    """``stopserve evaluate --model DIR TRACES... [--tune-on ...] [--lambda X | --cost-share S]``."""
     policy = Policy.load(args.model)
-    manifest: dict[str, Any] = dict(getattr(policy, "manifest", {}) or {})
-    lam = args.lam if args.lam is not None else getattr(policy, "default_lambda", None)
-    if lam is None:
-        lam = DEFAULT_LAMBDA
+    manifest: dict[str, Any] = dict(policy.manifest or {})
     model_unit = manifest.get("cost_unit")
     if args.cost_unit and model_unit and args.cost_unit != model_unit:
         # the model's lambda and cost-to-go are in its own unit: mixing units misprices every stop
@@ -372,26 +481,22 @@ def evaluate_command(args: argparse.Namespace) -> int:
             f"--cost-unit {args.cost_unit} differs from the model's cost unit {model_unit!r} "
             f"({args.model}/manifest.json); evaluate in {model_unit!r}"
         )
-    cost_unit = args.cost_unit or model_unit
     labels_from_rewards = bool(args.labels_from_rewards or manifest.get("labels_from_rewards", False))
-    sweep_lambdas = [lam * m for m in LAMBDA_SWEEP if lam * m != lam] if args.plot else []
-    if args.plot and lam == 0:
-        sweep_lambdas = [0.01, 0.1, 1.0, 10.0]
     report = evaluate(
         policy,
-        read_traces(args.traces),
-        lam=float(lam),
-        tune_on=read_traces(args.tune_on) if args.tune_on else None,
-        cost_unit=cost_unit,
+        [str(p) for p in args.traces],
+        lam=args.lam,
+        cost_share=args.cost_share,
+        tune_on=[str(p) for p in args.tune_on] if args.tune_on else None,
+        cost_unit=args.cost_unit or model_unit,
         labels_from_rewards=labels_from_rewards,
         group_by=args.group_by,
         seed=args.seed,
-        sweep_lambdas=sweep_lambdas,
+        sweep=bool(args.plot),
         progress=not args.json and sys.stderr.isatty(),
     )
     if args.plot:
         plot_pareto(report, args.plot)
-        report.pop("sweeps", None)
     if args.json:
         print(json.dumps(report, allow_nan=False))
     else:

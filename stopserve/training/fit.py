@@ -1,34 +1,36 @@
-"""Learn a stop policy from decision points: LightGBM Q, S, K, D (and C), τ, and the guard.
+"""Learn a stop policy that never loses to the rule it could have been.
 
-Targets, one row per decision point (``stopserve.training.labels``):
+:class:`PolicyLearner` is a scikit-learn style estimator (no logic in ``__init__``,
+``fit`` returns ``self``, learned state ends in ``_``). From stop-annotated traces it:
 
-- Q(s) ≈ E[q_T | s_t]: the quality the run reaches at its own end (``q_final``);
-- S(s) ≈ E[q_t | s_t]: the quality it would hand back if stopped now (``q``);
-- K(s) ≈ E[c_T − c_t | s_t]: the cost still to be spent (``c_final − c``);
-- D(s) ≈ E[q_T − q_t | s_t]: the gain of continuing, fitted directly (Q − S from
-  two models would add their errors).
+1. builds one row per decision point with the live featurizer, with the safety nets
+   every served policy runs with (``stopserve.training.labels``);
+2. cross-fits LightGBM models by group (a task, repository or system never straddles
+   folds): G ≈ E[q_T − q_t | s] (``g``, quality still to gain), K ≈ the cost still to
+   come in turn-equivalents (``k``: the cost to go over the run's own mean cost per
+   decision point so far, so it transfers between cheap and expensive systems), and for
+   ``method="optimal"`` S ≈ E[q_t | s] (``s``) and C, the value realised by the fitted
+   backward-induction rule (``c``, Longstaff–Schwartz style);
+3. per fold, tunes every heuristic on the fold's training traces, takes the best as the
+   base rule, and tunes the learned policy's margins, ``min_turns`` and method on the
+   fold model's held-out early-stopping rows (:mod:`stopserve.training.tuning`): the
+   policy deviates from its base rule only where the gain clears a pessimistic bound;
+4. replays every fold's learned policy and every fold's tuned heuristics through
+   ``Policy.decide`` on the fold's held-out traces — the code the service runs — which
+   gives the cross-validated values;
+5. ships the learned policy only when the grouped, paired bootstrap lower bound (5%
+   quantile, over groups) of (learned − best heuristic) is ≥ 0 with at least
+   ``min_groups`` groups; otherwise ships that heuristic, and says so with the numbers;
+6. records the shipped policy's in-sample value, replayed through ``decide``, so
+   ``stopserve evaluate`` of the written directory on the same traces gives the same
+   number (tested).
 
-``V_stop = Q − S − λ·K``, computed as ``D − λ·K``; the policy stops when
-``V_stop < −τ``. Everything is cross-fitted with grouped k-fold (a task, or a
-repository with ``group_by="repo"``, is never split). Each fold's τ, and the safety
-nets shipped with the model (a cost cap, the loop detector on or off), are tuned
-on that fold model's early-stopping rows, pessimistically (mean gain minus one
-standard error); the fold is then scored with them, which gives the
-cross-validated value, compared with every tuned heuristic cross-fitted on the
-same folds. The learned policy ships only when it beats the best of them;
-otherwise that heuristic ships (a pure-heuristic model directory) and the
-summary says so.
-
-``method="optimal"`` adds C(s), fitted backward induction for one λ in the manner
-of Longstaff–Schwartz: C is regressed on the value *realised* under the later
-rule already learned (``q_τ − λ·(c_τ − c_t)`` at the rule's next stop, or the
-logged end), not on ``max(g, Ĉ)``; the rule is refined over a few passes, each
-built from out-of-fold predictions so no trace's targets come from a model that saw it.
-
-Bad input: no traces / no outcome are refused by ``stopserve.training.labels``; fewer than
-2 traces or folds are refused; a single group falls back to folds over traces
-(said loudly); all successes or all failures train a constant Q (documented in
-docs/training.md).
+What cost is worth: ``lam`` (per cost unit) or ``cost_share`` s ("a whole behavior
+run costs s of what a success is worth", resolved to λ = s / the mean logged cost,
+recorded in the manifest; the default is s = 0.3). ``cost_scale="per_run"`` trains a
+model meant to serve systems it has never seen: costs are normalised per data set,
+the base rule cannot use a cost cap, and served, λ comes from each run's own expected
+total cost (``stopserve.policy``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -49,22 +51,27 @@ import numpy.typing as npt
 
 from stopserve.artifacts import save_model_dir
 from stopserve.errors import TrainingError
-from stopserve.features import FEATURE_NAMES
+from stopserve.features import FEATURE_NAMES, scale_free_features
+from stopserve.policy import METHOD_MODELS, Policy
+from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
+from stopserve.trace import Trace, read_traces
 from stopserve.training.heuristics import (
     HEURISTICS,
+    TunedHeuristic,
     cross_fit_heuristics,
     group_folds,
     replay,
-    tune_heuristics,
 )
-from stopserve.training.labels import DecisionPoints
+from stopserve.training.labels import DecisionPoints, build_decision_points
+from stopserve.training.replay import replay_decide, replay_rows
+from stopserve.training.tuning import Tuned, learned_mask, tune_policy
 
 __all__ = [
-    "DEFAULT_LAMBDA",
+    "DEFAULT_COST_SHARE",
     "DEFAULT_PARAMS",
-    "FitResult",
-    "default_lambda",
-    "fit_policy",
+    "MIN_GROUPS",
+    "PolicyLearner",
+    "TraceSource",
     "train_command",
 ]
 
@@ -72,9 +79,14 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-#: Default λ per cost unit when ``--lambda`` is not given: task success worth $5,
-#: 500k tokens, or 30 minutes of wall clock.
-DEFAULT_LAMBDA: Final[dict[str, float]] = {"usd": 0.2, "ktokens": 0.002, "seconds": 1.0 / 1800.0}
+#: "A whole behavior run costs 30% of what a success is worth": the evaluation protocol's headline.
+DEFAULT_COST_SHARE: Final = 0.3
+#: Fewer task groups than this: the guard cannot tell a model from luck; the heuristic ships.
+MIN_GROUPS: Final = 10
+#: Bootstrap draws over groups for the guard's interval.
+N_BOOT: Final = 1000
+#: The guard's lower bound: this quantile of the bootstrap distribution of (learned − heuristic).
+GUARD_QUANTILE: Final = 0.05
 
 #: LightGBM parameters (small trees: decide() walks every tree each call).
 DEFAULT_PARAMS: Final[dict[str, Any]] = {
@@ -94,60 +106,52 @@ DEFAULT_PARAMS: Final[dict[str, Any]] = {
     # one thread: traces are small, and OpenMP spin-waiting on a shared machine costs 5x
     "num_threads": 1,
 }
-MAX_ROUNDS: Final = 400
+MAX_ROUNDS: Final = 300
 EARLY_STOPPING: Final = 30
 #: Inverse-propensity weights are clipped here (variance control).
 MAX_IPW: Final = 20.0
-#: Standard errors a tuned τ's gain must clear (see ``_tune_tau``).
-PESSIMISM: Final = 1.0
-#: V_stop from the direct gain model D (else from Q − S).
-GAIN_MODEL: Final = True
 #: Passes of fitted backward induction for ``method="optimal"``.
 OPTIMAL_PASSES: Final = 3
-#: Traces a topology needs for its own τ of the optimal rule.
-MIN_TOPOLOGY_TRACES: Final = 100
-#: Multiples of the chosen λ at which τ is tuned too (the λ dial without retraining).
-LAMBDA_GRID: Final = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 10.0)
+#: The turn-equivalent cost-to-go target is clipped here (a first turn that cost nothing).
+MAX_K_TURNS: Final = 1000.0
+METHODS: Final = ("behavior", "optimal")
+
+_TARGET_DOC: Final = {
+    "g": "E[q_T - q_t | s_t]: quality still gained by continuing to the run's own end",
+    "k": "E[(c_T - c_t) / (c_t / turn) | s_t]: cost still to come, in turn-equivalents of this run",
+    "s": "E[q_t | s_t]: quality handed back if the run stops now",
+    "c": "E[q_tau - lambda (c_tau - c_t) | s_t] under the fitted later rule (method optimal)",
+}
 
 
-def default_lambda(cost_unit: str) -> float:
-    """λ used when none is given: task success worth $5 / 500k tokens / 30 minutes."""
-    return DEFAULT_LAMBDA.get(cost_unit, 0.2)
+# --------------------------------------------------------------------------- traces, twice
 
 
-@dataclass
-class FitResult:
-    """What :func:`fit_policy` learned: the manifest and model texts to save, and a summary."""
+class TraceSource:
+    """Traces that can be walked more than once: a list of traces, or files read again each time.
 
-    manifest: dict[str, Any]
-    models: dict[str, str]
-    chosen: str
-    cv: dict[str, Any]
-    importance: dict[str, float]
-    warnings: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
+    The learner folds the traces twice (decision points, then replays through
+    ``decide``); from files nothing but one trace at a time is held in memory.
+    """
 
-    def save(self, out_dir: str | Path) -> Path:
-        """Write the model directory (see :mod:`stopserve.artifacts`)."""
-        return save_model_dir(out_dir, self.manifest, self.models)
+    def __init__(self, traces: Iterable[Trace] | Sequence[str | Path]) -> None:
+        items = list(traces)
+        self._paths: list[str | Path] | None = None
+        self._traces: list[Trace] | None = None
+        if items and all(isinstance(x, str | Path) for x in items):
+            self._paths = [x for x in items if isinstance(x, str | Path)]
+        else:
+            self._traces = [x for x in items if isinstance(x, Trace)]
+            if len(self._traces) != len(items):
+                raise TrainingError("traces must be Trace objects or paths of trace files, not a mix")
+
+    def __iter__(self) -> Iterator[Trace]:
+        if self._paths is not None:
+            return iter(read_traces(self._paths))
+        return iter(self._traces or [])
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-class _Timer:
-    """Time spent inside ``lightgbm.train`` versus the whole fit (overhead target <= 1.5x)."""
-
-    def __init__(self) -> None:
-        self.lgb = 0.0
-
-
-def _is_unit(y: FloatArray) -> bool:
-    return bool(y.size) and bool(np.all((y >= 0.0) & (y <= 1.0)))
-
-
-def _is_binary(y: FloatArray) -> bool:
-    return bool(y.size) and bool(np.all((y == 0.0) | (y == 1.0)))
 
 
 def _ipw(dp: DecisionPoints) -> FloatArray:
@@ -157,21 +161,16 @@ def _ipw(dp: DecisionPoints) -> FloatArray:
         return np.ones(dp.n_rows)
     logw = -np.log(p)
     csum = np.cumsum(logw)
-    # restart the running sum at every trace start
     start_sum = np.concatenate([[0.0], csum])[dp.offsets[:-1]]
     logw_cum = csum - np.repeat(start_sum, np.diff(dp.offsets))
     w = np.minimum(np.exp(logw_cum), MAX_IPW)
     return np.asarray(w / w.mean(), dtype=np.float64)
 
 
-def _row_folds(dp: DecisionPoints, trace_fold: IntArray) -> IntArray:
-    return np.asarray(trace_fold[dp.trace_idx], dtype=np.int64)
-
-
 def _inner_split(groups: npt.NDArray[np.str_], rng: np.random.Generator) -> BoolArray:
-    """Per-trace flag: held out for early stopping (about 20% of the groups, at least one)."""
+    """Per-trace flag: held out for early stopping and tuning (about 25% of the groups, at least one)."""
     uniq = np.unique(groups)
-    n_valid = max(1, round(0.2 * uniq.size)) if uniq.size > 1 else 0
+    n_valid = max(1, round(0.25 * uniq.size)) if uniq.size > 1 else 0
     chosen = set(rng.choice(uniq, size=n_valid, replace=False).tolist()) if n_valid else set()
     return np.asarray([g in chosen for g in groups], dtype=bool)
 
@@ -182,7 +181,6 @@ def _next_stop_value(dp: DecisionPoints, stop: BoolArray, lam: float) -> FloatAr
     idx = np.arange(n, dtype=np.int64)
     trace_end = dp.offsets[1:][dp.trace_idx]
     cand = np.where(stop, idx, trace_end)
-    # reverse running minimum: candidates of later traces are never below this trace's end
     at_or_after = np.minimum.accumulate(cand[::-1])[::-1]
     after = np.empty(n, dtype=np.int64)
     after[:-1] = at_or_after[1:]
@@ -193,196 +191,19 @@ def _next_stop_value(dp: DecisionPoints, stop: BoolArray, lam: float) -> FloatAr
     return np.where(stopped, dp.q[j] - lam * dp.c[j], dp.q_final - lam * dp.c_final)
 
 
-def _tune_tau(
-    dp: DecisionPoints, v: FloatArray, allowed: BoolArray, extra: BoolArray, lam: float
-) -> tuple[float, float]:
-    """τ for ``stop = (v < −τ) & allowed | extra``, tuned pessimistically on ``dp``.
+def k_target(dp: DecisionPoints) -> FloatArray:
+    """The cost still to come in turn-equivalents: ``(c_T − c_t) / (c_t / max(turn, 1))``.
 
-    Every threshold is scored at once, exactly, in O(n log n) numpy (no loop over
-    candidates or rows): a trace's first model stop moves only at the record lows
-    of its V, so each record contributes one step to the value curve. A τ is
-    scored by a lower confidence bound of its per-trace gain over the nets alone
-    (mean − ``PESSIMISM`` standard errors), so a τ whose gain rests on a few traces
-    is not taken. Returns τ (``inf``: the model never stops) and the mean value.
+    Scale-free (a system whose turns cost 1M tokens and one whose turns cost 1k give the
+    same number for the same shape of run). Where nothing was spent yet, the decision
+    points still to come.
     """
-    base_replay = replay(dp, extra, lam)
-    base = base_replay.value
-    n_tr = max(1, base.size)
-    n = dp.n_rows
-    idx = np.arange(n, dtype=np.int64)
-    # rows at or after the nets' stop cannot host a model stop
-    end = np.where(base_replay.stopped, base_replay.stop_row, dp.offsets[1:])
-    eligible = allowed & (idx < end[dp.trace_idx]) & np.isfinite(v)
-    base_mean = float(base.mean())
-    if not eligible.any():
-        return math.inf, base_mean
-    lo, hi = float(v[eligible].min()), float(v[eligible].max())
-    span = hi - lo + 2.0
-    w = np.where(eligible, v, hi + 1.0) - span * dp.trace_idx
-    running = np.minimum.accumulate(w)
-    prev = np.empty(n)
-    prev[0] = math.inf
-    prev[1:] = running[:-1]
-    first_of_trace = np.zeros(n, dtype=bool)
-    first_of_trace[dp.offsets[:-1]] = True
-    record = eligible & (first_of_trace | (w < prev))
-    rows = np.flatnonzero(record)
-    tr = dp.trace_idx[rows]
-    val = dp.q[rows] - lam * dp.c[rows]
-    nxt = np.empty(rows.size)
-    same = np.zeros(rows.size, dtype=bool)
-    same[:-1] = tr[1:] == tr[:-1]
-    nxt[:-1] = val[1:]
-    nxt = np.where(same, nxt, base[tr])
-    b = base[tr]
-    # as h = −τ rises past v_j, the trace's stop moves from the next record (or the nets) to j
-    d1 = val - nxt
-    d2 = (val - b) ** 2 - (nxt - b) ** 2
-    order = np.argsort(v[rows], kind="stable")
-    points = v[rows][order]
-    s1 = np.cumsum(d1[order])
-    s2 = np.cumsum(d2[order])
-    # evaluate just above each distinct point (the last of a run of equal points)
-    last = np.ones(points.size, dtype=bool)
-    last[:-1] = points[1:] != points[:-1]
-    points, s1, s2 = points[last], s1[last], s2[last]
-    mean = s1 / n_tr
-    var = np.maximum(s2 / n_tr - mean**2, 0.0)
-    score = mean - PESSIMISM * np.sqrt(var) / math.sqrt(n_tr)
-    k = int(np.argmax(score))
-    if score[k] <= 1e-12:
-        return math.inf, base_mean
-    upper = float(points[k + 1]) if k + 1 < points.size else float(points[k]) + 1.0
-    h = 0.5 * (float(points[k]) + upper)  # stop when v < h: v_j at point k stops, the next does not
-    return -h, base_mean + float(mean[k])
-
-
-def _cap_grid(c: FloatArray, size: int = 16) -> list[float | None]:
-    """Cost caps tried with the model: off, and the upper half's quantiles of the observed costs."""
-    pos = c[np.isfinite(c) & (c > 0)]
-    if pos.size == 0:
-        return [None]
-    qs = np.unique(np.quantile(pos, np.linspace(0.5, 1.0, size)))
-    return [None, *(float(x) for x in qs)]
-
-
-Net = tuple[float | None, bool]  # (cost cap or None, loop detector on)
-
-
-def _net_options(c: FloatArray, loop: BoolArray, with_cap: bool) -> list[Net]:
-    """Safety nets tried with the model: each cost cap, with and without the loop detector."""
-    caps = _cap_grid(c) if with_cap else [None]
-    loops = (False, True) if loop.any() else (False,)
-    return [(cap, use_loop) for use_loop in loops for cap in caps]
-
-
-def _net_mask(dp: DecisionPoints, loop: BoolArray, net: Net) -> BoolArray:
-    cap, use_loop = net
-    mask = _cap_mask(dp, cap)
-    return mask | loop if use_loop else mask
-
-
-def _tune_rule(  # noqa: PLR0917
-    dp: DecisionPoints,
-    v: FloatArray,
-    allowed: BoolArray,
-    loop: BoolArray,
-    lam: float,
-    nets: list[Net],
-) -> tuple[float, Net, float]:
-    """τ and the safety nets shipped with the model (cost cap, loop detector), tuned jointly.
-
-    The nets are tuned, not assumed: on some runs the loop detector at default
-    thresholds stops runs that would have succeeded, and then it stays off.
-    """
-    best: tuple[float, Net, float] = (math.inf, (None, False), -math.inf)
-    for net in nets:
-        tau, value = _tune_tau(dp, v, allowed, _net_mask(dp, loop, net), lam)
-        if value > best[2] + 1e-12:
-            best = (tau, net, value)
-    return best
-
-
-def _cv_value(  # noqa: PLR0917
-    dp: DecisionPoints,
-    v: FloatArray,
-    inner: list[tuple[IntArray, FloatArray]],
-    allowed: BoolArray,
-    loop: BoolArray,
-    lam: float,
-    trace_fold: IntArray,
-    nets: list[Net],
-) -> tuple[BoolArray, list[float], list[Net]]:
-    """Nested tuning: fold f's rows use the τ and nets tuned for fold f's own model.
-
-    ``inner[f]`` holds fold f's early-stopping rows and that model's V there: rows
-    the model did not train on and fold f does not contain, so τ matches the scale
-    of the model that scores fold f (fold models trained on very different data,
-    e.g. without the one big repository, do not share a scale). Without such rows,
-    τ is tuned on the other folds' out-of-fold values.
-    """
-    stop = np.zeros(dp.n_rows, dtype=bool)
-    taus: list[float] = []
-    fold_nets: list[Net] = []
-    row_fold = _row_folds(dp, trace_fold)
-    all_traces = np.arange(dp.n_traces)
-    for f in np.unique(trace_fold):
-        va_rows, v_in = inner[int(f)]
-        if va_rows.size:
-            sub = dp.subset(np.unique(dp.trace_idx[va_rows]))
-            tau, net, _ = _tune_rule(sub, v_in, allowed[va_rows], loop[va_rows], lam, nets)
-        else:
-            rows_other = row_fold != f
-            sub = dp.subset(all_traces[trace_fold != f])
-            tau, net, _ = _tune_rule(sub, v[rows_other], allowed[rows_other], loop[rows_other], lam, nets)
-        taus.append(tau)
-        fold_nets.append(net)
-        mine = row_fold == f
-        cap, use_loop = net
-        extra = (dp.c[mine] >= cap) if cap is not None else np.zeros(int(mine.sum()), dtype=bool)
-        if use_loop:
-            extra = extra | loop[mine]
-        stop[mine] = ((v[mine] < -tau) & allowed[mine]) | extra
-    return stop, taus, fold_nets
-
-
-def _tau_by_topology(
-    dp: DecisionPoints, v: FloatArray, allowed: BoolArray, extra: BoolArray, lam: float
-) -> dict[str, float]:
-    """τ of the optimal rule tuned per topology (≥ ``MIN_TOPOLOGY_TRACES`` traces; else the pooled τ).
-
-    The continuation values of different topologies differ in scale and in fit
-    error (measured on simulated runs: the pooled τ stopped harness runs early
-    and centralized runs late), so one threshold cannot suit them all.
-    """
-    out: dict[str, float] = {}
-    first = dp.X[dp.offsets[:-1]]
-    for col, name in enumerate(FEATURE_NAMES):
-        if not name.startswith("topology_"):
-            continue
-        traces = np.flatnonzero(first[:, col] == 1.0)
-        if traces.size < MIN_TOPOLOGY_TRACES or traces.size == dp.n_traces:
-            continue
-        sub = dp.subset(traces)
-        rows = np.concatenate([np.arange(dp.offsets[i], dp.offsets[i + 1]) for i in traces])
-        tau, _ = _tune_tau(sub, v[rows], allowed[rows], extra[rows], lam)
-        if math.isfinite(tau):
-            out[name.removeprefix("topology_")] = tau
-    return out
-
-
-def _gain(q: FloatArray, s: FloatArray, d: FloatArray) -> FloatArray:
-    """E[q_T − q_t | s]: the direct model D, or Q − S when ``GAIN_MODEL`` is off."""
-    return d if GAIN_MODEL else q - s
-
-
-def _cap_mask(dp: DecisionPoints, cap: float | None) -> BoolArray:
-    return np.zeros(dp.n_rows, dtype=bool) if cap is None else np.asarray(dp.c >= cap)
-
-
-def _summary(dp: DecisionPoints, stop: BoolArray, lam: float) -> dict[str, float]:
-    r = replay(dp, stop, lam)
-    return {"value": r.mean_value, "success": float(r.q.mean()), "cost": float(r.c.mean())}
+    rows_left = (dp.offsets[1:][dp.trace_idx] - 1 - np.arange(dp.n_rows)).astype(np.float64)
+    per_turn = dp.c / np.maximum(dp.turn, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = (dp.c_final - dp.c) / per_turn
+    y = np.where(dp.c > 0, ratio, rows_left)
+    return np.asarray(np.clip(y, 0.0, MAX_K_TURNS), dtype=np.float64)
 
 
 def fingerprint(dp: DecisionPoints) -> dict[str, Any]:
@@ -391,16 +212,32 @@ def fingerprint(dp: DecisionPoints) -> dict[str, Any]:
     for arr in (dp.X, dp.q, dp.c, dp.q_final, dp.c_final, dp.offsets):
         h.update(np.ascontiguousarray(arr).tobytes())
     h.update("\n".join(dp.trace_id.tolist()).encode())
+    datasets, counts = np.unique(dp.dataset, return_counts=True)
     return {
         "n_traces": dp.n_traces,
         "n_decision_points": dp.n_rows,
         "n_tasks": len(np.unique(dp.task_id)),
         "n_groups": len(np.unique(dp.group)),
+        "datasets": {str(d): int(n) for d, n in zip(datasets, counts, strict=True)},
         "success_rate": float(dp.trace_q_final.mean()),
-        "mean_cost": float(dp.trace_c_final.mean()),
+        "mean_cost": float((dp.trace_c_final * dp.cost_scale).mean()),
         "cost_unit": dp.cost_unit,
         "sha256": h.hexdigest(),
     }
+
+
+def bootstrap_diff(
+    diff: FloatArray, groups: npt.NDArray[np.str_], *, n_boot: int = N_BOOT, seed: int = 0
+) -> FloatArray:
+    """Bootstrap draws of the mean per-trace ``diff``, resampling whole groups (paired)."""
+    _, gid = np.unique(groups, return_inverse=True)
+    n_groups = int(gid.max()) + 1
+    rng = np.random.default_rng(seed)
+    weights = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=n_boot).astype(np.float64)
+    sums = np.bincount(gid, weights=diff, minlength=n_groups)
+    counts = np.bincount(gid, minlength=n_groups).astype(np.float64)
+    result: FloatArray = (weights @ sums) / np.maximum(weights @ counts, 1.0)
+    return result
 
 
 # --------------------------------------------------------------------------- LightGBM
@@ -411,33 +248,18 @@ class _Target:
     name: str
     y: FloatArray
     objective: str
-    transform: str
-    binary: bool
-
-
-def _target(name: str, y: FloatArray) -> _Target:
-    if _is_unit(y):
-        return _Target(name, y, "cross_entropy", "sigmoid", _is_binary(y))
-    return _Target(name, y, "regression", "identity", False)
 
 
 class _Trainer:
-    """Trains the per-target boosters on row subsets of one binned matrix."""
+    """Trains boosters on row subsets of one binned matrix (bins computed once)."""
 
-    def __init__(
-        self,
-        matrix: FloatArray,
-        weight: FloatArray,
-        params: Mapping[str, Any],
-        timer: _Timer,
-    ) -> None:
+    def __init__(self, matrix: FloatArray, weight: FloatArray, params: Mapping[str, Any]) -> None:
         import lightgbm as lgb
 
         self._lgb = lgb
         self.weight = weight
         self.params = dict(params)
-        self.timer = timer
-        # bin the matrix once; every fold and target reuses the bin mappers
+        self.seconds = 0.0
         self._ref = lgb.Dataset(
             matrix,
             label=np.zeros(matrix.shape[0]),
@@ -453,368 +275,557 @@ class _Trainer:
         ds.set_weight(self.weight[rows])
         return ds
 
-    def train(  # noqa: PLR0917
-        self,
-        target: _Target,
-        train_rows: IntArray,
-        valid_rows: IntArray | None,
-        rounds: int,
-        stopping: int,
-        seed: int,
+    def train(
+        self, target: _Target, train_rows: IntArray, valid_rows: IntArray | None, rounds: int, seed: int
     ) -> tuple[Any, int]:
+        """A booster cut at its best iteration (early stopping on ``valid_rows``), and that iteration."""
         params = {**self.params, "objective": target.objective, "seed": seed}
         params.pop("max_bin", None)
         train_set = self._dataset(train_rows, target.y)
         callbacks: list[Any] = []
         valid_sets: list[Any] = []
-        if valid_rows is not None and valid_rows.size and stopping > 0:
+        if valid_rows is not None and valid_rows.size:
             valid_sets = [self._dataset(valid_rows, target.y)]
-            callbacks = [self._lgb.early_stopping(stopping, verbose=False)]
+            callbacks = [self._lgb.early_stopping(EARLY_STOPPING, verbose=False)]
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             booster = self._lgb.train(
                 params, train_set, num_boost_round=rounds, valid_sets=valid_sets, callbacks=callbacks
             )
-        self.timer.lgb += time.perf_counter() - t0
+        self.seconds += time.perf_counter() - t0
         best = booster.best_iteration if booster.best_iteration > 0 else booster.current_iteration()
-        return booster, int(best)
+        # served policies evaluate every tree: keep exactly the trees the fit chose
+        cut = self._lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
+        return cut, int(best)
 
 
-def _calibrate(pred: FloatArray, y: FloatArray) -> dict[str, list[float]] | None:
-    """Isotonic map from out-of-fold probability to observed frequency (binary targets only)."""
-    if np.unique(y).size < 2:
-        return None
-    from sklearn.isotonic import IsotonicRegression
-
-    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(pred, y)
-    return {"x": iso.X_thresholds_.tolist(), "y": iso.y_thresholds_.tolist()}
+def _targets(dp: DecisionPoints) -> dict[str, _Target]:
+    return {
+        "g": _Target("g", dp.q_final - dp.q, "regression"),
+        "k": _Target("k", k_target(dp), "regression"),
+        "s": _Target("s", dp.q, "cross_entropy" if bool(np.all((dp.q >= 0) & (dp.q <= 1))) else "regression"),
+    }
 
 
-def _apply_calibration(pred: FloatArray, cal: Mapping[str, list[float]] | None) -> FloatArray:
-    if not cal:
-        return pred
-    return np.asarray(np.interp(pred, np.asarray(cal["x"]), np.asarray(cal["y"])), dtype=np.float64)
+# --------------------------------------------------------------------------- the learner
 
 
-# --------------------------------------------------------------------------- fit
+@dataclass
+class _Fold:
+    """One fold of the cross-fitting: its rows and its models."""
+
+    train: IntArray
+    valid: IntArray
+    test: IntArray
+    boosters: dict[str, Any] = field(default_factory=dict)
+    iters: dict[str, int] = field(default_factory=dict)
 
 
-def fit_policy(
-    dp: DecisionPoints,
-    *,
-    lam: float | None = None,
-    method: str = "behavior",
-    folds: int = 5,
-    seed: int = 0,
-    params: Mapping[str, Any] | None = None,
-    max_rounds: int = MAX_ROUNDS,
-    early_stopping: int = EARLY_STOPPING,
-    min_turns: int = 2,
-    with_cap: bool = True,
-    progress: bool = False,
-    log: Callable[[str], None] | None = None,
-) -> FitResult:
-    """Cross-fit Q, S, K (and C for ``method="optimal"``), tune τ, apply the guard.
+class PolicyLearner:
+    """Learn a stop policy from traces; see the module docstring.
 
-    Returns a :class:`FitResult` whose ``manifest``/``models`` hold either the
-    learned policy (``kind="model"``) or, when it does not beat the best tuned
-    heuristic in cross-validated value at ``lam``, that heuristic (``kind="heuristic"``).
-    Raises :class:`TrainingError` when the decision points cannot train a policy.
+    >>> learner = PolicyLearner(cost_share=0.3).fit(traces)   # doctest: +SKIP
+    >>> learner.save("model/")                                 # doctest: +SKIP
+    >>> learner.guard_["shipped"]                              # doctest: +SKIP
+    'learned model'
     """
-    t_start = time.perf_counter()
-    say = log or (lambda msg: None)
-    notes: list[str] = []
-    if method not in ("behavior", "optimal"):
-        raise TrainingError(f"method must be 'behavior' or 'optimal', got {method!r}")
-    if dp.n_rows == 0:
-        raise TrainingError("no decision points: the traces hold nothing to learn from")
-    if dp.n_traces < 2:
-        raise TrainingError(
-            f"{dp.n_traces} trace: cross-validation needs at least 2 traces (better: many tasks)"
+
+    def __init__(
+        self,
+        *,
+        lam: float | None = None,
+        cost_share: float | None = None,
+        cost_scale: str = "fixed",
+        method: str = "auto",
+        min_turns: int | None = None,
+        features: str | Sequence[str] = "all",
+        folds: int = 5,
+        seed: int = 0,
+        params: Mapping[str, Any] | None = None,
+        max_rounds: int = MAX_ROUNDS,
+        min_groups: int = MIN_GROUPS,
+        n_boot: int = N_BOOT,
+        nets: SafetyConfig | None = None,
+        progress: bool = False,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.lam = lam
+        self.cost_share = cost_share
+        self.cost_scale = cost_scale
+        self.method = method
+        self.min_turns = min_turns
+        self.features = features
+        self.folds = folds
+        self.seed = seed
+        self.params = params
+        self.max_rounds = max_rounds
+        self.min_groups = min_groups
+        self.n_boot = n_boot
+        self.nets = nets
+        self.progress = progress
+        self.log = log
+
+    # ----------------------------------------------------------------- checks
+
+    def _check_params(self) -> None:
+        if self.method not in ("auto", *METHODS):
+            raise TrainingError(f"method must be auto, behavior or optimal, got {self.method!r}")
+        if self.cost_scale not in ("fixed", "per_run"):
+            raise TrainingError(f"cost_scale must be 'fixed' or 'per_run', got {self.cost_scale!r}")
+        if self.lam is not None and self.cost_share is not None:
+            raise TrainingError("give lambda or cost share, not both")
+        for name, value in (("lambda", self.lam), ("cost share", self.cost_share)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise TrainingError(f"{name} must be a finite number >= 0, got {value}")
+        if self.cost_scale == "per_run" and self.lam is not None:
+            raise TrainingError(
+                "cost_scale per_run needs a cost share (λ then comes from each run's own cost)"
+            )
+        if self.folds < 2:
+            raise TrainingError(f"--folds must be at least 2 for cross-validation, got {self.folds}")
+        if self.min_turns is not None and self.min_turns < 0:
+            raise TrainingError(f"min_turns must be >= 0, got {self.min_turns}")
+
+    def _features_used(self) -> tuple[str, ...]:
+        if self.features == "all":
+            return FEATURE_NAMES
+        if self.features == "scale-free":
+            return scale_free_features()
+        names = tuple(self.features)
+        unknown = [n for n in names if n not in FEATURE_NAMES]
+        if unknown or not names:
+            raise TrainingError(
+                f"unknown features {unknown}: see docs/features.md" if unknown else "no features"
+            )
+        return names
+
+    # ----------------------------------------------------------------- fit
+
+    def fit(
+        self,
+        traces: Iterable[Trace] | Sequence[str | Path] | TraceSource,
+        *,
+        cost_unit: str | None = None,
+        labels_from_rewards: bool = False,
+        group_by: str = "task",
+    ) -> PolicyLearner:
+        """Learn from ``traces`` (Trace objects or trace files); returns ``self``.
+
+        Sets ``dp_`` (the decision points), ``manifest_``/``models_`` (what :meth:`save`
+        writes), ``cv_`` (cross-validated figures of every policy), ``guard_`` (the
+        comparison that chose what ships), ``chosen_``, ``importance_``, ``notes_`` and
+        ``timings_``. Raises :class:`TrainingError` when the traces cannot train a policy.
+        """
+        self._check_params()
+        t_start = time.perf_counter()
+        say = self.log or (lambda msg: None)
+        notes: list[str] = []
+        source = traces if isinstance(traces, TraceSource) else TraceSource(traces)
+        nets = self.nets if self.nets is not None else DEFAULT_SAFETY
+        per_run = self.cost_scale == "per_run"
+        dp = build_decision_points(
+            iter(source),
+            cost_unit=cost_unit,
+            labels_from_rewards=labels_from_rewards,
+            group_by=group_by,
+            progress=self.progress,
+            nets=nets,
+            normalize_cost=per_run,
         )
-    if dp.X.shape[1] != len(FEATURE_NAMES):
-        raise TrainingError(
-            f"decision points have {dp.X.shape[1]} features, the featurizer has {len(FEATURE_NAMES)}"
-        )
-    if folds < 2:
-        raise TrainingError(f"--folds must be at least 2 for cross-validation, got {folds}")
-    lam = default_lambda(dp.cost_unit) if lam is None else float(lam)
-    if not (math.isfinite(lam) and lam >= 0):
-        raise TrainingError(f"lambda must be a finite number >= 0, got {lam}")
-    if np.unique(dp.group).size < 2:
-        notes.append(
-            f"only one group ({dp.group[0]!r}): grouped cross-validation is impossible; folds split "
-            "the traces of that group instead, so the CV value is optimistic for unseen tasks"
-        )
-        dp = replace(dp, group=dp.trace_id.copy())
-    if np.all(dp.trace_q_final == dp.trace_q_final[0]):
-        notes.append(
-            f"every trace has the same outcome ({dp.trace_q_final[0]:g}): Q is constant, "
-            "so the policy can only trade cost; the guard still compares it with the heuristics"
-        )
-    if float(np.max(dp.trace_c_final, initial=0.0)) <= 0.0:
-        notes.append(f"no trace carries any cost in {dp.cost_unit}: K is 0 and λ has no effect")
+        if dp.n_traces < 2:
+            raise TrainingError(
+                f"{dp.n_traces} trace: cross-validation needs at least 2 traces (better: many tasks)"
+            )
+        mean_cost = float((dp.trace_c_final * dp.cost_scale).mean())
+        share = self.cost_share
+        if self.lam is None and share is None:
+            share = DEFAULT_COST_SHARE
+        if per_run:
+            lam_value, replay_kw = float(share or 0.0), {"cost_share": share}
+        elif self.lam is not None:
+            lam_value, replay_kw = float(self.lam), {"lam": float(self.lam)}
+        else:
+            lam_value = float(share or 0.0) / mean_cost if mean_cost > 0 else 0.0
+            replay_kw = {"lam": lam_value}
+            if mean_cost <= 0:
+                notes.append(f"no trace carries any cost in {dp.cost_unit}: the cost share has no effect")
+        n_groups = int(np.unique(dp.group).size)
+        if n_groups < 2:
+            notes.append(
+                f"only one group ({dp.group[0]!r}): grouped cross-validation is impossible; folds split "
+                "the traces of that group instead, so the CV value is optimistic for unseen tasks"
+            )
+            dp = replace(dp, group=dp.trace_id.copy())
+            n_groups = dp.n_traces
+        if np.all(dp.trace_q_final == dp.trace_q_final[0]):
+            notes.append(
+                f"every trace has the same outcome ({dp.trace_q_final[0]:g}): the policy can only trade "
+                "cost; the guard still compares it with the heuristics"
+            )
+        methods = METHODS if self.method == "auto" else (self.method,)
+        min_turns = (1, 2, 3) if self.min_turns is None else (self.min_turns,)
+        used = self._features_used()
+        X = np.ascontiguousarray(dp.X, dtype=np.float64)  # noqa: N806
+        unused = [j for j, n in enumerate(FEATURE_NAMES) if n not in used]
+        if unused:
+            X[:, unused] = np.nan  # never split on: the model reads only ``used``
+        params = {**DEFAULT_PARAMS, **(self.params or {})}
+        if params.get("min_data_in_leaf") == "auto":
+            params["min_data_in_leaf"] = max(20, dp.n_rows // 100)
+        weight = _ipw(dp)
+        if not np.all(weight == 1.0):
+            notes.append("logged decisions carry propensities < 1: rows are inverse-propensity weighted")
+        trainer = _Trainer(X, weight, params)
+        trace_fold = group_folds(dp.group, self.folds, self.seed)
+        k = int(trace_fold.max()) + 1
+        row_fold = trace_fold[dp.trace_idx]
+        rng = np.random.default_rng(self.seed)
+        rows_all = np.arange(dp.n_rows, dtype=np.int64)
+        folds: list[_Fold] = []
+        for f in range(k):
+            train_traces = np.flatnonzero(trace_fold != f)
+            valid_flag = _inner_split(dp.group[train_traces], rng)
+            is_valid = np.zeros(dp.n_traces, dtype=bool)
+            is_valid[train_traces[valid_flag]] = True
+            in_train = (row_fold != f) & ~is_valid[dp.trace_idx]
+            in_valid = (row_fold != f) & is_valid[dp.trace_idx]
+            folds.append(_Fold(rows_all[in_train], rows_all[in_valid], rows_all[row_fold == f]))
+        bar = _progress(k * (2 + ("optimal" in methods) * (1 + OPTIMAL_PASSES)) + 3, self.progress)
 
-    base_params = {**DEFAULT_PARAMS, **(params or {})}
-    if base_params.get("min_data_in_leaf") == "auto":
-        base_params["min_data_in_leaf"] = max(20, dp.n_rows // 100)
-    trace_fold = group_folds(dp.group, folds, seed)
-    k = int(np.unique(trace_fold).size)
-    row_fold = _row_folds(dp, trace_fold)
-    weight = _ipw(dp)
-    if not np.all(weight == 1.0):
-        notes.append("logged decisions carry propensities < 1: rows are inverse-propensity weighted")
-    timer = _Timer()
-    trainer = _Trainer(np.ascontiguousarray(dp.X, dtype=np.float64), weight, base_params, timer)
-    targets = {
-        "q": _target("q", dp.q_final),
-        "s": _target("s", dp.q),
-        "k": _target("k", np.maximum(dp.c_final - dp.c, 0.0)),
-        # the gain of continuing, fitted directly: Q − S from two models adds their errors
-        "d": _Target("d", dp.q_final - dp.q, "regression", "identity", False),
-    }
-    rng = np.random.default_rng(seed)
-    rows_all = np.arange(dp.n_rows, dtype=np.int64)
-    fold_splits: list[tuple[IntArray, IntArray, IntArray]] = []
-    for f in range(k):
-        train_traces = np.flatnonzero(trace_fold != f)
-        valid_flag = _inner_split(dp.task_id[train_traces], rng)
-        is_valid_trace = np.zeros(dp.n_traces, dtype=bool)
-        is_valid_trace[train_traces[valid_flag]] = True
-        in_train = (row_fold != f) & ~is_valid_trace[dp.trace_idx]
-        in_valid = (row_fold != f) & is_valid_trace[dp.trace_idx]
-        fold_splits.append((rows_all[in_train], rows_all[in_valid], rows_all[row_fold == f]))
+        oof: dict[str, FloatArray] = {}
+        inner: dict[str, list[FloatArray]] = {}
 
-    fold_gain: list[FloatArray] = []
+        def cross_fit(target: _Target) -> None:
+            oof[target.name] = np.zeros(dp.n_rows)
+            inner[target.name] = []
+            for f, fold in enumerate(folds):
+                booster, best = trainer.train(target, fold.train, fold.valid, self.max_rounds, self.seed + f)
+                fold.boosters[target.name] = booster
+                fold.iters[target.name] = best
+                oof[target.name][fold.test] = booster.predict(X[fold.test], raw_score=True)
+                inner[target.name].append(
+                    booster.predict(X[fold.valid], raw_score=True) if fold.valid.size else np.zeros(0)
+                )
+                if bar is not None:
+                    bar.update(1)
 
-    def cross_fit(target: _Target, bar: Any) -> tuple[FloatArray, list[int], list[FloatArray]]:
-        oof = np.zeros(dp.n_rows)
-        iters: list[int] = []
-        inner_preds: list[FloatArray] = []
-        for f, (tr, va, te) in enumerate(fold_splits):
-            booster, best = trainer.train(target, tr, va, max_rounds, early_stopping, seed + f)
-            oof[te] = booster.predict(dp.X[te], num_iteration=best)
-            inner_preds.append(booster.predict(dp.X[va], num_iteration=best) if va.size else np.zeros(0))
-            gains = booster.feature_importance(importance_type="gain", iteration=best)
-            if float(gains.sum()) > 0:
-                fold_gain.append(gains / float(gains.sum()))
-            iters.append(best)
-            if bar is not None:
-                bar.update(1)
-        return oof, iters, inner_preds
+        targets = _targets(dp)
+        for name in ("g", "k"):
+            cross_fit(targets[name])
+        if "optimal" in methods:
+            cross_fit(targets["s"])
 
-    n_steps = k * (4 + (OPTIMAL_PASSES if method == "optimal" else 0)) + 4
-    bar = _progress(n_steps, "training", progress)
-    oof: dict[str, FloatArray] = {}
-    best_iters: dict[str, list[int]] = {}
-    inner: dict[str, list[FloatArray]] = {}
-    for name in ("q", "s", "k", "d"):
-        oof[name], best_iters[name], inner[name] = cross_fit(targets[name], bar)
-    calibration: dict[str, dict[str, list[float]] | None] = {}
-    for name in ("q", "s"):
-        cal = _calibrate(oof[name], targets[name].y) if targets[name].binary else None
-        calibration[name] = cal
-        oof[name] = _apply_calibration(oof[name], cal)
-        inner[name] = [_apply_calibration(p, cal) for p in inner[name]]
-    oof["k"] = np.maximum(oof["k"], 0.0)
-    inner["k"] = [np.maximum(p, 0.0) for p in inner["k"]]
+        # the best heuristic of each fold, tuned on the fold's training traces
+        _, fold_heur = cross_fit_heuristics(dp, lam_value, min_turns=1, cost_cap=not per_run, fold=trace_fold)
+        heur_all = _tune_all(dp, lam_value, per_run)
+        best_all = max(HEURISTICS, key=lambda h: heur_all[h].value)
 
-    def inner_v(lam_: float, use_c: bool) -> list[tuple[IntArray, FloatArray]]:
-        out = []
-        for f, (_, va, _) in enumerate(fold_splits):
-            if use_c:
-                out.append((va, inner["c"][f] - inner["s"][f]))
-            else:
-                out.append((va, _gain(inner["q"][f], inner["s"][f], inner["d"][f]) - lam_ * inner["k"][f]))
-        return out
+        def template(method: str) -> Policy:
+            """A policy without boosters: only its ``values`` (the one definition of V) is used."""
+            return Policy(
+                kind="none",
+                safety=nets,
+                manifest=self._value_manifest(method, dp, mean_cost, share, lam_value),
+            )
 
-    allowed = dp.turn >= min_turns
-    loop_stop = dp.loop.copy()
-    nets = _net_options(dp.c, loop_stop, with_cap)
-    v_behavior = _gain(oof["q"], oof["s"], oof["d"]) - lam * oof["k"]
+        def v_of(method: str, raw: Mapping[str, FloatArray], rows: IntArray | slice) -> FloatArray:
+            v, _, _ = template(method).values(raw, dp.turn[rows], dp.c_raw[rows], **replay_kw)
+            return np.asarray(v, dtype=np.float64)
 
-    # --------------------------------------------------------- optimal: fitted backward induction
-    c_target: _Target | None = None
-    opt_tau = 0.0
-    v_opt: FloatArray | None = None
-    if method == "optimal":
-        stop_rule = np.zeros(dp.n_rows, dtype=bool)  # pass 0: the later rule is "continue as logged"
-        for p in range(OPTIMAL_PASSES):
-            y = _next_stop_value(dp, stop_rule, lam) + lam * dp.c
-            c_target = _Target("c", y, "regression", "identity", False)
-            oof["c"], best_iters["c"], inner["c"] = cross_fit(c_target, bar)
-            v_opt = oof["c"] - oof["s"]
-            opt_tau, opt_net, _ = _tune_rule(dp, v_opt, allowed, loop_stop, lam, nets)
-            stop_rule = ((v_opt < -opt_tau) & allowed) | _net_mask(dp, loop_stop, opt_net)
-            say(f"optimal pass {p + 1}/{OPTIMAL_PASSES}: tau {opt_tau:.4g}")
+        # --------------------------------------------------------- optimal: fitted backward induction
+        c_target: _Target | None = None
+        if "optimal" in methods:
+            stop_rule = np.zeros(dp.n_rows, dtype=bool)  # pass 0: the later rule is "continue as logged"
+            fires_all = heur_all[best_all].stop_mask(dp)
+            for p in range(OPTIMAL_PASSES):
+                y = _next_stop_value(dp, stop_rule, lam_value) + lam_value * dp.c
+                c_target = _Target("c", y, "regression")
+                cross_fit(c_target)
+                v_opt = v_of("optimal", oof, slice(None))
+                tuned = tune_policy(dp, v_opt, fires_all, lam_value, min_turns=min_turns)
+                stop_rule = learned_mask(
+                    dp,
+                    v_opt,
+                    fires_all,
+                    margin_stop=tuned.margin_stop,
+                    margin_continue=tuned.margin_continue,
+                    min_turns=tuned.min_turns,
+                )
+                say(f"optimal pass {p + 1}/{OPTIMAL_PASSES}: gain {tuned.gain:.4g}")
 
-    # --------------------------------------------------------- CV values: learned vs heuristics
-    policies: dict[str, dict[str, float]] = {}
-    never = np.zeros(dp.n_rows, dtype=bool)
-    policies["behavior"] = _summary(dp, never, lam)
-    r_stop = dp.r_stop(lam)
-    oracle = np.zeros(dp.n_rows, dtype=bool)
-    best_row = np.maximum.reduceat(r_stop, dp.offsets[:-1])
-    oracle[(r_stop == np.repeat(best_row, np.diff(dp.offsets)))] = True
-    policies["oracle"] = _summary(dp, oracle, lam)
-    masks, heur_params = cross_fit_heuristics(dp, lam, folds=folds, seed=seed, min_turns=min_turns)
-    for name in HEURISTICS:
-        policies[name] = _summary(dp, masks[name], lam)
-    v_cv = v_opt if v_opt is not None else v_behavior
-    learned_stop, fold_taus, fold_nets = _cv_value(
-        dp, v_cv, inner_v(lam, v_opt is not None), allowed, loop_stop, lam, trace_fold, nets
-    )
-    policies["learned"] = _summary(dp, learned_stop, lam)
-    if v_opt is not None:
-        beh_stop, _, _ = _cv_value(
-            dp, v_behavior, inner_v(lam, False), allowed, loop_stop, lam, trace_fold, nets
-        )
-        policies["learned_behavior_method"] = _summary(dp, beh_stop, lam)
-    if bar is not None:
-        bar.update(1)
-
-    best_heur = max(HEURISTICS, key=lambda h: policies[h]["value"])
-    learned_value = policies["learned"]["value"]
-    heur_value = policies[best_heur]["value"]
-    ship_model = learned_value > heur_value + 1e-9
-
-    # --------------------------------------------------------- tau on all out-of-fold rows
-    v_final = v_opt if v_opt is not None else v_behavior
-    tau, net, _ = _tune_rule(dp, v_final, allowed, loop_stop, lam, nets)
-    cap, use_loop = net
-    net_stop = _net_mask(dp, loop_stop, net)
-    opt_tau_topo: dict[str, float] = {}
-    if v_opt is not None:
-        opt_tau = tau
-        opt_tau_topo = _tau_by_topology(dp, v_opt, allowed, net_stop, lam)
-        tau, _ = _tune_tau(dp, v_behavior, allowed, net_stop, lam)
-    grid_lams = sorted({lam * m for m in LAMBDA_GRID} | {lam})
-    grid_taus: list[float] = []
-    for gl in grid_lams:
-        v = _gain(oof["q"], oof["s"], oof["d"]) - gl * oof["k"]
-        t_gl, _ = _tune_tau(dp, v, allowed, net_stop, gl)
-        grid_taus.append(t_gl)
-    model_acts = math.isfinite(opt_tau if v_opt is not None else tau)
-    if ship_model and not model_acts:
-        # the model never stops at this lambda: what would ship is its cost cap, a heuristic
-        ship_model = False
-        notes.append("the tuned model never stops a run at this lambda (tau is infinite)")
-    if bar is not None:
-        bar.update(1)
-
-    # --------------------------------------------------------- final models on every row
-    models: dict[str, str] = {}
-    entries: dict[str, dict[str, Any]] = {}
-    importance: dict[str, float] = {}
-    final_targets = dict(targets)
-    if c_target is not None:
-        final_targets["c"] = c_target
-    if ship_model:
-        for name, target in final_targets.items():
-            rounds = max(1, round(float(np.mean(best_iters[name])) * 1.1))
-            booster, _ = trainer.train(target, rows_all, None, rounds, 0, seed)
-            models[name] = booster.model_to_string()
-            entries[name] = {
-                "target": _TARGET_DOC[name],
-                "objective": target.objective,
-                "transform": target.transform,
-                "rounds": rounds,
-                "calibration": calibration.get(name),
+        # --------------------------------------------------------- per fold: base rule, margins, method
+        fold_policies: list[Policy] = []
+        fold_choice: list[dict[str, Any]] = []
+        for f, fold in enumerate(folds):
+            tuned_h = fold_heur[f]
+            base_name = max(HEURISTICS, key=lambda h: tuned_h[h].value)
+            base = tuned_h[base_name]
+            choice: tuple[str, Tuned] | None = None
+            if fold.valid.size:
+                sub = dp.subset(np.unique(dp.trace_idx[fold.valid]))
+                fires = base.stop_mask(sub)
+                for method in methods:
+                    raw = {n: inner[n][f] for n in METHOD_MODELS[method]}
+                    v = v_of(method, raw, fold.valid)
+                    t = tune_policy(sub, v, fires, lam_value, min_turns=min_turns)
+                    if choice is None or t.score > choice[1].score + 1e-12:
+                        choice = (method, t)
+            if choice is None or not choice[1].deviates:
+                fold_policies.append(base.policy())
+                fold_choice.append({"base": base_name, "deviates": False})
+                continue
+            method, t = choice
+            manifest = {
+                **self._value_manifest(method, dp, mean_cost, share, lam_value),
+                **_rule_fields(base, t),
             }
-            gains = booster.feature_importance(importance_type="gain")
-            total = float(gains.sum())
-            if total > 0:
-                for fname, g in zip(FEATURE_NAMES, gains, strict=True):
-                    importance[fname] = importance.get(fname, 0.0) + float(g) / total / len(final_targets)
-    if bar is not None:
-        bar.update(2)
-        bar.close()
-    if not importance and fold_gain:
-        # no final model (a heuristic ships): report what the cross-validation models used
-        mean_gain = np.mean(np.vstack(fold_gain), axis=0)
-        importance = {n: float(g) for n, g in zip(FEATURE_NAMES, mean_gain, strict=True)}
-    importance = dict(sorted(importance.items(), key=lambda kv: -kv[1]))
+            fold_policies.append(
+                Policy(
+                    kind="model",
+                    safety=nets,
+                    manifest=manifest,
+                    rule=base.to_safety_config(),
+                    boosters={n: fold.boosters[n] for n in METHOD_MODELS[method]},
+                )
+            )
+            fold_choice.append({"base": base_name, "deviates": True, "method": method, **_tuned_dict(t)})
+        if bar is not None:
+            bar.update(1)
 
-    # --------------------------------------------------------- metrics and manifest
-    metrics: dict[str, Any] = {
-        "folds": k,
-        "group_by_groups": int(np.unique(dp.group).size),
-        "lambda": lam,
-        "policies": policies,
-        "best_heuristic": best_heur,
-        "fold_taus": fold_taus,
-        "fold_cost_caps": [n[0] for n in fold_nets],
-        "fold_loop_detector": [n[1] for n in fold_nets],
-        "loop_detector": use_loop,
-        "cost_cap": cap,
-        "heuristic_params": heur_params.get(best_heur, []),
-    }
-    if targets["q"].binary and np.unique(targets["q"].y).size == 2:
-        from sklearn.metrics import roc_auc_score
-
-        metrics["q_auc"] = float(roc_auc_score(targets["q"].y, oof["q"]))
-    metrics["k_rmse"] = float(np.sqrt(np.mean((oof["k"] - targets["k"].y) ** 2)))
-    safety = _shipped_safety(min_turns, cap, use_loop, dp.cost_unit)
-    chosen = "learned" if ship_model else best_heur
-    guard = {
-        "learned_cv_value": learned_value,
-        "best_heuristic": best_heur,
-        "best_heuristic_cv_value": heur_value,
-        "shipped": "learned model" if ship_model else f"heuristic {best_heur}",
-    }
-    manifest: dict[str, Any] = {
-        "kind": "model" if ship_model else "heuristic",
-        "method": method if ship_model else "heuristic",
-        "model_version": None,
-        "feature_names": list(FEATURE_NAMES),
-        "cost_unit": dp.cost_unit,
-        "default_lambda": lam,
-        "tau": tau if ship_model else None,
-        "tau_grid": {"lambda": grid_lams, "tau": grid_taus} if ship_model else None,
-        "guard": guard,
-        "training_data": fingerprint(dp),
-        "cv": metrics,
-        "feature_importance": {k_: round(v_, 6) for k_, v_ in list(importance.items())[:20]},
-        "params": {**base_params, "max_rounds": max_rounds, "early_stopping": early_stopping},
-        "models": entries,
-        "notes": notes,
-    }
-    if ship_model and method == "optimal":
-        manifest["optimal"] = {"lambda": lam, "tau": opt_tau, "passes": OPTIMAL_PASSES}
-        if opt_tau_topo:
-            manifest["optimal"]["tau_by_topology"] = opt_tau_topo
-    if ship_model:
-        manifest["safety"] = safety.to_dict()
-    else:
-        tuned = tune_heuristics(dp, lam, min_turns=min_turns)[best_heur]
-        manifest["safety"] = tuned.to_safety_config().to_dict()
-        manifest["heuristic"] = tuned.to_dict()
-        notes.append(
-            f"the learned policy (CV value {learned_value:.4g}) does not beat the tuned heuristic "
-            f"{best_heur!r} ({heur_value:.4g}) at lambda {lam:g}: SHIPPING THE HEURISTIC "
-            f"({tuned.rule.describe(dp.cost_unit)}), not a model"
+        # --------------------------------------------------------- CV: every fold policy through decide
+        say("replaying the cross-validated policies through Policy.decide")
+        heur_policies = [{h: fold_heur[f][h].policy() for h in HEURISTICS} for f in range(k)]
+        stops = replay_decide(
+            iter(source),
+            dp,
+            lambda i: [fold_policies[trace_fold[i]], *heur_policies[trace_fold[i]].values()],
+            **replay_kw,
         )
-    manifest["model_version"] = _version(manifest)
-    total = time.perf_counter() - t_start
-    return FitResult(
-        manifest=manifest,
-        models=models,
-        chosen=chosen,
-        cv=metrics,
-        importance=importance,
-        warnings=notes,
-        timings={"total_s": total, "lightgbm_train_s": timer.lgb},
-    )
+        if bar is not None:
+            bar.update(1)
+        reps = {"learned": replay_rows(dp, stops[0], lam_value)}
+        for j, h in enumerate(HEURISTICS, start=1):
+            reps[h] = replay_rows(dp, stops[j], lam_value)
+        reps["behavior"] = replay(dp, np.zeros(dp.n_rows, dtype=bool), lam_value)
+        r_stop = dp.r_stop(lam_value)
+        best_row = np.maximum.reduceat(r_stop, dp.offsets[:-1])
+        reps["oracle"] = replay(dp, r_stop >= np.repeat(best_row, np.diff(dp.offsets)) - 1e-12, lam_value)
+        policies = {name: _summary(r) for name, r in reps.items()}
+        best_heur = max(HEURISTICS, key=lambda h: policies[h]["value"])
+
+        # --------------------------------------------------------- the guard
+        diff = reps["learned"].value - reps[best_heur].value
+        draws = bootstrap_diff(diff, dp.group, n_boot=self.n_boot, seed=self.seed)
+        lower = float(np.quantile(draws, GUARD_QUANTILE))
+        upper = float(np.quantile(draws, 1 - GUARD_QUANTILE))
+        mean_diff = float(diff.mean())
+        enough = n_groups >= self.min_groups
+        ship_model = enough and lower >= 0.0 and mean_diff > 1e-12
+        if not enough:
+            notes.append(
+                f"too little data to trust a learned policy: {n_groups} groups, the guard needs at least "
+                f"{self.min_groups} (set by --min-groups); the tuned heuristic ships"
+            )
+
+        # --------------------------------------------------------- final models, tuned on out-of-fold values
+        models: dict[str, str] = {}
+        entries: dict[str, dict[str, Any]] = {}
+        importance: dict[str, float] = {}
+        final_heur = heur_all[best_heur]
+        manifest: dict[str, Any]
+        final_tuned: tuple[str, Tuned] | None = None
+        if ship_model:
+            fires = final_heur.stop_mask(dp)
+            for method in methods:
+                raw = {n: oof[n] for n in METHOD_MODELS[method]}
+                t = tune_policy(dp, v_of(method, raw, slice(None)), fires, lam_value, min_turns=min_turns)
+                if final_tuned is None or t.score > final_tuned[1].score + 1e-12:
+                    final_tuned = (method, t)
+            if final_tuned is None or not final_tuned[1].deviates:
+                ship_model = False
+                notes.append(
+                    "tuned on every out-of-fold value, the learned policy never deviates from its base rule: "
+                    "the heuristic ships"
+                )
+        if ship_model and final_tuned is not None:
+            method, t = final_tuned
+            all_targets = dict(targets)
+            if c_target is not None:
+                all_targets["c"] = c_target
+            for name in METHOD_MODELS[method]:
+                rounds = max(1, round(float(np.mean([fo.iters[name] for fo in folds])) * 1.1))
+                booster, _ = trainer.train(all_targets[name], rows_all, None, rounds, self.seed)
+                models[name] = booster.model_to_string()
+                entries[name] = {
+                    "target": _TARGET_DOC[name],
+                    "objective": all_targets[name].objective,
+                    "rounds": rounds,
+                }
+                gains = booster.feature_importance(importance_type="gain")
+                total = float(gains.sum())
+                if total > 0:
+                    for fname, g in zip(FEATURE_NAMES, gains, strict=True):
+                        importance[fname] = importance.get(fname, 0.0) + float(g) / total / len(
+                            METHOD_MODELS[method]
+                        )
+            manifest = {
+                "kind": "model",
+                **self._value_manifest(method, dp, mean_cost, share, lam_value),
+                **_rule_fields(final_heur, t),
+                "models": entries,
+            }
+        else:
+            manifest = {
+                **final_heur.manifest(),
+                **{
+                    k_: v_
+                    for k_, v_ in self._value_manifest("heuristic", dp, mean_cost, share, lam_value).items()
+                },
+            }
+            manifest["method"] = "heuristic"
+        if bar is not None:
+            bar.update(1)
+        importance = dict(sorted(importance.items(), key=lambda kv: -kv[1]))
+
+        # --------------------------------------------------------- in-sample replay of what ships
+        shipped = Policy.from_manifest(manifest, models, source="trained policy")
+        in_rows = replay_decide(iter(source), dp, lambda i: [shipped], **replay_kw)[0]
+        in_sample = replay_rows(dp, in_rows, lam_value)
+        if bar is not None:
+            bar.update(1)
+            bar.close()
+
+        chosen = "learned" if ship_model else best_heur
+        never_stops = not ship_model and final_heur.rule.describe(dp.cost_unit).startswith("never stop")
+        if never_stops:
+            notes.append(
+                "THE SHIPPED POLICY NEVER STOPS A RUN ON ITS OWN: no tuned cap beat running to the end, so "
+                "only the safety nets (loop detector, quality_met, budgets) and the orchestrator's proposed "
+                "stops end runs"
+            )
+        guard = {
+            "learned_cv_value": policies["learned"]["value"],
+            "best_heuristic": best_heur,
+            "best_heuristic_cv_value": policies[best_heur]["value"],
+            "difference": mean_diff,
+            "difference_interval_90": [lower, upper],
+            "lower_bound_quantile": GUARD_QUANTILE,
+            "n_groups": n_groups,
+            "min_groups": self.min_groups,
+            "shipped": "learned model" if ship_model else f"heuristic {best_heur}",
+            "shipped_rule": final_heur.rule.describe(dp.cost_unit),
+            "in_sample_value": in_sample.mean_value,
+            "in_sample_replay": {"labels_from_rewards": labels_from_rewards, **replay_kw},
+        }
+        cv = {
+            "folds": k,
+            "group_by": group_by,
+            "groups": n_groups,
+            "lambda": lam_value,
+            "cost_share": share,
+            "policies": policies,
+            "best_heuristic": best_heur,
+            "fold_choices": fold_choice,
+        }
+        if final_tuned is not None:
+            cv["final_tuning"] = {"method": final_tuned[0], **_tuned_dict(final_tuned[1])}
+        manifest.update(
+            {
+                "feature_names": list(FEATURE_NAMES),
+                "features_used": list(used),
+                "guard": guard,
+                "training_data": fingerprint(dp),
+                "cv": cv,
+                "feature_importance": {k_: round(v_, 6) for k_, v_ in list(importance.items())[:20]},
+                "params": {**params, "max_rounds": self.max_rounds, "early_stopping": EARLY_STOPPING},
+                "labels_from_rewards": labels_from_rewards,
+                "group_by": group_by,
+                "notes": notes,
+            }
+        )
+        manifest["model_version"] = _version(manifest)
+        self.dp_ = dp
+        self.manifest_ = manifest
+        self.models_ = models
+        self.cv_ = cv
+        self.guard_ = guard
+        self.chosen_ = chosen
+        self.importance_ = importance
+        self.notes_ = notes
+        self.timings_ = {"total_s": time.perf_counter() - t_start, "lightgbm_train_s": trainer.seconds}
+        return self
+
+    def _value_manifest(
+        self, method: str, dp: DecisionPoints, mean_cost: float, share: float | None, lam_value: float
+    ) -> dict[str, Any]:
+        """How the policy weighs cost: the manifest fields ``stopserve.policy`` reads."""
+        if self.cost_scale == "per_run":
+            return {
+                "method": method,
+                "cost_unit": dp.cost_unit,
+                "cost_scale": {"kind": "per_run"},
+                "default_lambda": None,
+                "default_cost_share": share,
+                "objective": {"lambda": None, "cost_share": share},
+            }
+        return {
+            "method": method,
+            "cost_unit": dp.cost_unit,
+            "cost_scale": {"kind": "fixed", "mean_behavior_cost": mean_cost},
+            "default_lambda": lam_value,
+            "default_cost_share": share if self.lam is None else None,
+            "objective": {"lambda": lam_value, "cost_share": None},
+        }
+
+    # ----------------------------------------------------------------- results
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "manifest_"):
+            raise TrainingError("this PolicyLearner is not fitted yet: call fit(traces) first")
+
+    def policy(self) -> Policy:
+        """The shipped policy, ready to decide."""
+        self._check_fitted()
+        return Policy.from_manifest(self.manifest_, self.models_, source="trained policy")
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write the model directory (see :mod:`stopserve.artifacts`)."""
+        self._check_fitted()
+        return save_model_dir(out_dir, self.manifest_, self.models_)
 
 
-_TARGET_DOC: Final = {
-    "q": "E[q_T | s_t]: quality at the run's own end",
-    "s": "E[q_t | s_t]: quality if stopped now",
-    "k": "E[c_T - c_t | s_t]: cost still to be spent",
-    "d": "E[q_T - q_t | s_t]: quality gained by continuing (V_stop = D - lambda K)",
-    "c": "E[q_tau - lambda (c_tau - c_t) | s_t] under the fitted later rule",
-}
+def _tune_all(dp: DecisionPoints, lam: float, per_run: bool) -> dict[str, TunedHeuristic]:
+    from stopserve.training.heuristics import tune_heuristics
+
+    return tune_heuristics(dp, lam, min_turns=1, cost_cap=not per_run)
+
+
+def _rule_fields(base: TunedHeuristic, tuned: Tuned) -> dict[str, Any]:
+    return {
+        "rule": base.to_safety_config().to_dict(),
+        "rule_name": base.name,
+        "rule_text": base.rule.describe(base.cost_unit),
+        "margins": {
+            "stop": tuned.margin_stop if math.isfinite(tuned.margin_stop) else None,
+            "continue": tuned.margin_continue if math.isfinite(tuned.margin_continue) else None,
+        },
+        "min_turns": tuned.min_turns,
+    }
+
+
+def _tuned_dict(t: Tuned) -> dict[str, Any]:
+    return {
+        "margin_stop": t.margin_stop if math.isfinite(t.margin_stop) else None,
+        "margin_continue": t.margin_continue if math.isfinite(t.margin_continue) else None,
+        "min_turns": t.min_turns,
+        "score": t.score,
+        "gain": t.gain,
+    }
+
+
+def _summary(r: Any) -> dict[str, float]:
+    return {"value": r.mean_value, "success": float(r.q.mean()), "cost": float(r.c.mean())}
 
 
 def _version(manifest: Mapping[str, Any]) -> str:
@@ -822,19 +833,12 @@ def _version(manifest: Mapping[str, Any]) -> str:
     return f"{manifest.get('kind')}-{manifest.get('method')}-{time.strftime('%Y%m%d%H%M%S')}-{digest}"
 
 
-def _shipped_safety(min_turns: int, cap: float | None, loop: bool, cost_unit: str) -> Any:
-    """Safety nets shipped with a learned model: min_turns and the tuned cost cap and loop detector."""
-    from stopserve.training.heuristics import HeuristicRule
-
-    return HeuristicRule(cost_cap=cap, loop=loop, min_turns=min_turns).to_safety_config(cost_unit)
-
-
-def _progress(total: int, desc: str, enabled: bool) -> Any:
+def _progress(total: int, enabled: bool) -> Any:
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=" fits", file=sys.stderr)
+    return tqdm(total=total, desc="training", unit=" steps", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -853,49 +857,65 @@ def _table(rows: Iterable[tuple[str, ...]]) -> str:
 
 def train_command(args: argparse.Namespace) -> int:
     """``stopserve train TRACES -o MODEL_DIR``: fit, guard, write the model directory, print a summary."""
-    from stopserve.trace import read_traces
-    from stopserve.training.labels import build_decision_points
-
     progress = not args.no_progress
-    dp = build_decision_points(
-        read_traces(args.traces),
+    features: str | list[str] = args.features
+    if features not in ("all", "scale-free"):
+        features = [f.strip() for f in str(features).split(",") if f.strip()]
+    learner = PolicyLearner(
+        lam=args.lam,
+        cost_share=args.cost_share,
+        cost_scale=args.cost_scale.replace("-", "_"),
+        method=args.method,
+        min_turns=None if args.min_turns == "auto" else int(args.min_turns),
+        features=features,
+        folds=args.folds,
+        seed=args.seed,
+        min_groups=args.min_groups,
+        progress=progress,
+    ).fit(
+        [str(p) for p in args.traces],
         cost_unit=args.cost_unit,
         labels_from_rewards=args.labels_from_rewards,
         group_by=args.group_by,
-        progress=progress,
     )
-    result = fit_policy(
-        dp,
-        lam=args.lam,
-        method=args.method,
-        folds=args.folds,
-        seed=args.seed,
-        min_turns=getattr(args, "min_turns", 2),
-        progress=progress,
-    )
-    # what evaluate needs to rebuild the same labels
-    result.manifest["labels_from_rewards"] = bool(args.labels_from_rewards)
-    result.manifest["group_by"] = args.group_by
-    out = result.save(args.output)
-    cv = result.cv
+    out = learner.save(args.output)
+    dp = learner.dp_
+    cv = learner.cv_
+    guard = learner.guard_
     pol = cv["policies"]
     rows: list[tuple[str, ...]] = [("policy", "CV value", "success", f"cost ({dp.cost_unit})")]
     for name in ("learned", cv["best_heuristic"], "behavior", "oracle"):
         p = pol[name]
         label = name if name != cv["best_heuristic"] else f"{name} (best heuristic)"
         rows.append((label, f"{p['value']:.4f}", f"{p['success']:.3f}", f"{p['cost']:.4g}"))
+    weight = (
+        f"cost share {cv['cost_share']:g} (lambda {cv['lambda']:.4g}"
+        if cv["cost_share"] is not None
+        else (f"lambda {cv['lambda']:g} (")
+    )
     print(
         f"\n{dp.n_traces} traces, {dp.n_rows} decision points, {cv['folds']}-fold CV grouped by "
-        f"{args.group_by}, lambda {cv['lambda']:g} per {dp.cost_unit}",
+        f"{cv['group_by']} ({cv['groups']} groups), {weight} per {dp.cost_unit})",
         file=sys.stderr,
     )
     print(_table(rows), file=sys.stderr)
-    if result.importance:
+    lo, hi = guard["difference_interval_90"]
+    print(
+        f"\nguard: learned - {guard['best_heuristic']} = {guard['difference']:+.4f} per run, "
+        f"90% interval [{lo:+.4f}, {hi:+.4f}] over {guard['n_groups']} groups "
+        f"(ships a model only when the lower end is >= 0 with >= {guard['min_groups']} groups)",
+        file=sys.stderr,
+    )
+    if learner.importance_:
         print("\ntop features (gain share):", file=sys.stderr)
-        imp = [("feature", "share")] + [(n, f"{s:.3f}") for n, s in list(result.importance.items())[:10]]
+        imp = [("feature", "share")] + [(n, f"{s:.3f}") for n, s in list(learner.importance_.items())[:10]]
         print(_table(imp), file=sys.stderr)
-    for note in result.warnings:
+    for note in learner.notes_:
         print(f"\nNOTE: {note}", file=sys.stderr)
-    shipped = result.manifest["guard"]["shipped"]
-    print(f"\nchosen policy: {shipped}; wrote {out}", file=sys.stderr)
+    print(
+        f"\nchosen policy: {guard['shipped']} ({guard['shipped_rule']}"
+        f"{'' if learner.chosen_ != 'learned' else ' as its base rule'}); in-sample value "
+        f"{guard['in_sample_value']:.4f}; wrote {out}",
+        file=sys.stderr,
+    )
     return 0

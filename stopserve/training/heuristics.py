@@ -30,6 +30,8 @@ __all__ = [
     "Replay",
     "TunedHeuristic",
     "cross_fit_heuristics",
+    "group_folds",
+    "policy_mask",
     "replay",
     "sweep",
     "tune_heuristics",
@@ -44,8 +46,8 @@ HEURISTICS: Final[tuple[str, ...]] = (
     "combination",
 )
 
-#: Minimum turns before a quality stop may fire (``SafetyConfig.min_turns`` default).
-DEFAULT_MIN_TURNS: Final = 2
+#: Minimum turns before a rule's reward threshold may fire (``SafetyConfig.min_turns`` default).
+DEFAULT_MIN_TURNS: Final = 1
 
 #: Candidate thresholds tried per parameter (quantiles of the observed values).
 GRID_SIZE: Final = 64
@@ -103,12 +105,12 @@ class HeuristicRule:
     min_turns: int = DEFAULT_MIN_TURNS
 
     def stop_mask(self, dp: DecisionPoints) -> BoolArray:
-        """Per-row flags: where this rule would stop."""
+        """Per-row flags: where this rule fires (see :func:`policy_mask` for the served policy)."""
         stop = np.zeros(dp.n_rows, dtype=bool)
         if self.turn_cap is not None:
             stop |= dp.turn >= self.turn_cap
         if self.cost_cap is not None:
-            stop |= dp.c >= self.cost_cap
+            stop |= dp.c_raw >= self.cost_cap
         if self.reward_threshold is not None:
             with np.errstate(invalid="ignore"):
                 met = dp.latest_reward >= self.reward_threshold  # nan (no reward yet) -> False
@@ -118,7 +120,10 @@ class HeuristicRule:
         return stop
 
     def to_safety_config(self, cost_unit: str) -> Any:
-        """This rule as a :class:`stopserve.safety.SafetyConfig` (every other net off)."""
+        """This rule as a :class:`stopserve.safety.SafetyConfig` (every other net off).
+
+        The reward threshold reads the run's primary channel, as the tuning did.
+        """
         from stopserve.safety import SafetyConfig
 
         data: dict[str, Any] = {
@@ -127,6 +132,7 @@ class HeuristicRule:
             "max_tokens": None,
             "max_usd": None,
             "quality_met": self.reward_threshold,
+            "quality_channel": None,
             "min_turns": self.min_turns,
         }
         if self.cost_cap is not None:
@@ -186,6 +192,24 @@ class TunedHeuristic:
         """The tuned rule as a :class:`stopserve.safety.SafetyConfig`, ready to ship as a policy."""
         return self.rule.to_safety_config(self.cost_unit)
 
+    def manifest(self) -> dict[str, Any]:
+        """The manifest of a heuristic policy serving this rule (``kind: heuristic``)."""
+        return {
+            "kind": "heuristic",
+            "method": "heuristic",
+            "cost_unit": self.cost_unit,
+            "rule": self.to_safety_config().to_dict(),
+            "rule_name": self.name,
+            "rule_text": self.rule.describe(self.cost_unit),
+            "heuristic": self.to_dict(),
+        }
+
+    def policy(self) -> Any:
+        """This rule as a served :class:`stopserve.policy.Policy` (for replays through ``decide``)."""
+        from stopserve.policy import Policy
+
+        return Policy.from_manifest(self.manifest(), source=f"heuristic {self.name}")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary."""
         return {
@@ -216,7 +240,7 @@ def _candidates(dp: DecisionPoints, param: str) -> list[Any]:
     if param == "turn_cap":
         return [None, *(int(v) for v in _grid(dp.turn.astype(np.float64)) if v >= 1)]
     if param == "cost_cap":
-        return [None, *(v for v in _grid(dp.c) if v > 0)]
+        return [None, *(v for v in _grid(dp.c_raw) if v > 0)]
     if param == "reward_threshold":
         return [None, *_grid(dp.latest_reward)]
     if param == "loop":
@@ -224,11 +248,21 @@ def _candidates(dp: DecisionPoints, param: str) -> list[Any]:
     raise ValueError(param)
 
 
+def policy_mask(dp: DecisionPoints, fires: BoolArray) -> BoolArray:
+    """Where a served policy whose base rule fires at ``fires`` (and that has no model) stops.
+
+    The same handicaps as every other policy: the safety nets in force stop the run, and
+    after the nets' ``min_turns`` the rule's stops and the orchestrator's proposed stops
+    are taken (``Policy.decide``; tested against it).
+    """
+    return dp.net_stop | (dp.allowed & (fires | dp.proposed))
+
+
 def _best(dp: DecisionPoints, base: HeuristicRule, param: str, lam: float) -> tuple[HeuristicRule, float]:
     best_rule, best_value = base, -math.inf
     for v in _candidates(dp, param):
         rule = replace(base, **{param: v})
-        value = replay(dp, rule.stop_mask(dp), lam).mean_value
+        value = replay(dp, policy_mask(dp, rule.stop_mask(dp)), lam).mean_value
         if value > best_value + 1e-12:
             best_rule, best_value = rule, value
     return best_rule, best_value
@@ -243,27 +277,38 @@ _SINGLE: Final[dict[str, str]] = {
 
 
 def tune_heuristics(
-    dp: DecisionPoints, lam: float, *, min_turns: int = DEFAULT_MIN_TURNS, rounds: int = 3
+    dp: DecisionPoints,
+    lam: float,
+    *,
+    min_turns: int = DEFAULT_MIN_TURNS,
+    rounds: int = 3,
+    cost_cap: bool = True,
 ) -> dict[str, TunedHeuristic]:
     """Tune every baseline to the best mean value on ``dp`` at ``lam``.
 
     Keys are :data:`HEURISTICS`; ``"combination"`` is the best combination, found by
     coordinate ascent from the best single net (it is never below any single
     one). A net that does not help is left off: e.g. ``reward_threshold`` with
-    no reward events is "never stop", worth the behavior value.
+    no reward events is "never stop", worth the behavior value. Every candidate is
+    replayed as it would be served (:func:`policy_mask`). ``cost_cap=False`` leaves
+    cost caps out (costs normalised per data set have no absolute cap to serve).
     """
     if lam < 0 or not math.isfinite(lam):
         raise TrainingError(f"lambda must be a finite number >= 0, got {lam}")
     base = HeuristicRule(min_turns=min_turns)
+    params = {k: v for k, v in _SINGLE.items() if cost_cap or v != "cost_cap"}
     out: dict[str, TunedHeuristic] = {}
     for name, param in _SINGLE.items():
-        rule, value = _best(dp, base, param, lam)
+        if param in params.values():
+            rule, value = _best(dp, base, param, lam)
+        else:
+            rule, value = base, replay(dp, policy_mask(dp, base.stop_mask(dp)), lam).mean_value
         out[name] = TunedHeuristic(name, rule, value, dp.cost_unit, lam)
     start = max(out.values(), key=lambda h: h.value)
     rule, value = start.rule, start.value
     for _ in range(rounds):
         improved = False
-        for param in _SINGLE.values():
+        for param in params.values():
             new_rule, new_value = _best(dp, rule, param, lam)
             if new_value > value + 1e-12:
                 rule, value, improved = new_rule, new_value, True
@@ -277,7 +322,10 @@ def sweep(dp: DecisionPoints, name: str, lam: float) -> list[tuple[Any, Replay]]
     """Every candidate setting of one single-net heuristic with its replay (for Pareto plots)."""
     param = _SINGLE[name]
     base = HeuristicRule()
-    return [(v, replay(dp, replace(base, **{param: v}).stop_mask(dp), lam)) for v in _candidates(dp, param)]
+    return [
+        (v, replay(dp, policy_mask(dp, replace(base, **{param: v}).stop_mask(dp)), lam))
+        for v in _candidates(dp, param)
+    ]
 
 
 def group_folds(groups: npt.NDArray[np.str_], folds: int, seed: int) -> IntArray:
@@ -296,25 +344,30 @@ def group_folds(groups: npt.NDArray[np.str_], folds: int, seed: int) -> IntArray
 
 
 def cross_fit_heuristics(
-    dp: DecisionPoints, lam: float, *, folds: int = 5, seed: int = 0, min_turns: int = DEFAULT_MIN_TURNS
-) -> tuple[dict[str, BoolArray], dict[str, list[dict[str, Any]]]]:
-    """Stop flags of each baseline, every trace's tuned without its own group (grouped k-fold).
+    dp: DecisionPoints,
+    lam: float,
+    *,
+    folds: int = 5,
+    seed: int = 0,
+    min_turns: int = DEFAULT_MIN_TURNS,
+    cost_cap: bool = True,
+    fold: IntArray | None = None,
+) -> tuple[IntArray, list[dict[str, TunedHeuristic]]]:
+    """Every baseline tuned once per fold without that fold's groups (grouped k-fold).
 
-    Returns the per-row stop masks by heuristic name and each fold's tuned parameters.
+    Returns the fold of each trace and, per fold, the tuned heuristics (by name) that
+    score that fold's traces: no trace is ever scored by a rule tuned on its own group.
+    ``fold`` gives the assignment (default :func:`group_folds`).
     """
-    fold = group_folds(dp.group, folds, seed)
-    masks = {name: np.zeros(dp.n_rows, dtype=bool) for name in HEURISTICS}
-    params: dict[str, list[dict[str, Any]]] = {name: [] for name in HEURISTICS}
+    if fold is None:
+        fold = group_folds(dp.group, folds, seed)
     all_traces = np.arange(dp.n_traces)
-    for f in np.unique(fold):
-        held = all_traces[fold == f]
-        tuned = tune_heuristics(dp.subset(all_traces[fold != f]), lam, min_turns=min_turns)
-        rows = _rows_of(dp, held)
-        held_dp = dp.subset(held)
-        for name, h in tuned.items():
-            masks[name][rows] = h.stop_mask(held_dp)
-            params[name].append(h.parameter)
-    return masks, params
+    tuned: list[dict[str, TunedHeuristic]] = []
+    for f in range(int(fold.max()) + 1):
+        tuned.append(
+            tune_heuristics(dp.subset(all_traces[fold != f]), lam, min_turns=min_turns, cost_cap=cost_cap)
+        )
+    return fold, tuned
 
 
 def _rows_of(dp: DecisionPoints, traces: Sequence[int] | IntArray) -> IntArray:

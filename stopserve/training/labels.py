@@ -22,7 +22,7 @@ import csv
 import math
 import sys
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
@@ -32,19 +32,27 @@ import numpy.typing as npt
 
 from stopserve.errors import TrainingError
 from stopserve.features import FEATURE_NAMES, RunState
-from stopserve.trace import Trace, is_decision_point, read_traces
+from stopserve.safety import SafetyConfig
+from stopserve.trace import Event, Trace, is_decision_point, read_traces
 
 __all__ = [
     "COST_UNITS",
+    "GROUP_BY",
     "DecisionPoints",
     "build_decision_points",
     "features_command",
+    "fold_events",
     "load_decision_points",
     "resolve_cost_unit",
 ]
 
 CostUnit = Literal["usd", "ktokens", "seconds"]
 COST_UNITS: Final[tuple[str, ...]] = ("usd", "ktokens", "seconds")
+
+#: How traces are grouped for cross-validation: by task id, by repository (the task id's
+#: prefix before "__", SWE-bench style), by producing system (e.g. one model's runs), or
+#: by data set (the system up to the first "/").
+GROUP_BY: Final[tuple[str, ...]] = ("task", "repo", "system", "dataset")
 
 #: Reward channel read as the quality label with ``labels_from_rewards``.
 LABEL_CHANNEL: Final = "quality"
@@ -82,6 +90,14 @@ class DecisionPoints:
     usd: FloatArray
     latest_reward: FloatArray  # nan before the first reward event
     loop: BoolArray
+    #: a safety net in force (``nets`` of :func:`build_decision_points`) fires here
+    net_stop: BoolArray
+    #: the nets' ``min_turns`` is reached: a rule, model or proposed stop may happen
+    allowed: BoolArray
+    #: the orchestrator proposed to stop here (a ``stop`` event with ``proposed: true``)
+    proposed: BoolArray
+    #: the cost so far in the cost unit, never normalised (what the live policy reads)
+    c_raw: FloatArray
     # per trace
     offsets: IntArray
     task_id: StrArray
@@ -92,6 +108,10 @@ class DecisionPoints:
     optimal_value: FloatArray  # nan when the trace carries none
     optimal_lambda: FloatArray
     run_to_cap: BoolArray
+    #: the trace's data set (its ``system`` up to the first "/"), e.g. ``mint``
+    dataset: StrArray
+    #: what each trace's costs were divided by (1 unless costs are normalised per data set)
+    cost_scale: FloatArray
     feature_names: tuple[str, ...] = FEATURE_NAMES
     #: stop flags of the ``stop_rules`` given to :func:`build_decision_points`, one column each
     rule_stops: BoolArray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
@@ -109,6 +129,11 @@ class DecisionPoints:
     def r_stop(self, lam: float) -> FloatArray:
         """``R_stop(t) = q_t - lam * c_t`` for every row."""
         return self.q - lam * self.c
+
+    def mean_costs(self) -> dict[str, float]:
+        """Mean logged cost of a run per data set, in the cost unit (never normalised)."""
+        raw = self.trace_c_final * self.cost_scale
+        return {str(d): float(raw[self.dataset == d].mean()) for d in np.unique(self.dataset)}
 
     def cost_to_go(self) -> FloatArray:
         """``c_final - c_t`` for every row: the cost still spent if the run continues as logged."""
@@ -141,6 +166,10 @@ class DecisionPoints:
             usd=self.usd[rows],
             latest_reward=self.latest_reward[rows],
             loop=self.loop[rows],
+            net_stop=self.net_stop[rows],
+            allowed=self.allowed[rows],
+            proposed=self.proposed[rows],
+            c_raw=self.c_raw[rows],
             offsets=offsets,
             task_id=self.task_id[idx],
             group=self.group[idx],
@@ -150,6 +179,8 @@ class DecisionPoints:
             optimal_value=self.optimal_value[idx],
             optimal_lambda=self.optimal_lambda[idx],
             run_to_cap=self.run_to_cap[idx],
+            dataset=self.dataset[idx],
+            cost_scale=self.cost_scale[idx],
             feature_names=self.feature_names,
             rule_stops=self.rule_stops[rows] if self.rule_stops.size else self.rule_stops,
         )
@@ -217,6 +248,9 @@ class _Columns:
         self.is_last = array("b")
         self.latest_reward = array("d")
         self.loop = array("b")
+        self.net_stop = array("b")
+        self.allowed = array("b")
+        self.proposed = array("b")
         self.rule_stops = array("b")
         self.n_rules = n_rules
 
@@ -230,6 +264,22 @@ class _Columns:
 
     def matrix(self) -> FloatArray:
         return self._X[: self.n].copy()
+
+
+def fold_events(trace: Trace, state: RunState) -> Iterator[tuple[Event, bool]]:
+    """Fold ``trace`` into ``state`` one event at a time, yielding ``(event, is_row)``.
+
+    ``is_row`` marks a decision point (:func:`stopserve.trace.is_decision_point`), and the
+    last event of a trace that has none, so every trace has at least one row. The one
+    definition of a row: decision points and policy replays both walk traces with it.
+    """
+    n = len(trace.events)
+    rows = 0
+    for k, ev in enumerate(trace.events):
+        state.fold(ev)
+        row = is_decision_point(ev) or (k == n - 1 and rows == 0)
+        rows += row
+        yield ev, row
 
 
 def _team_outcome(trace: Trace) -> float | None:
@@ -247,6 +297,9 @@ def build_decision_points(
     group_by: str = "task",
     progress: bool = False,
     stop_rules: Sequence[StopRule] = (),
+    nets: SafetyConfig | None = None,
+    normalize_cost: bool = False,
+    cost_scales: Mapping[str, float] | None = None,
 ) -> DecisionPoints:
     """Fold every trace once and collect one row per decision point.
 
@@ -256,6 +309,15 @@ def build_decision_points(
     ``"repo"`` (the task id's prefix before ``"__"``, e.g. ``django`` for
     ``django__django-12345``). ``stop_rules`` are called as ``rule(state,
     proposed_stop)`` at every decision point; their answers fill ``rule_stops``.
+    ``nets`` (default :data:`stopserve.safety.DEFAULT_SAFETY`) are the safety nets a
+    served policy runs with: where they fire fills ``net_stop``, where their
+    ``min_turns`` allows a stop fills ``allowed``, so replays give every candidate
+    policy the same handicaps. ``normalize_cost`` divides each trace's costs by the
+    mean logged cost of its data set (``system`` up to the first "/"), so that a
+    behavior run costs 1 on average in every set: λ is then the cost share of the
+    evaluation protocol, and sets of 1k- and 1M-token runs weigh alike.
+    ``cost_scales`` (data set -> mean cost, in the cost unit) gives those means instead,
+    e.g. from the training side of a split; a data set it lacks uses its own mean.
 
     Raises :class:`TrainingError` when there are no traces, or a trace has no
     outcome (no graded event, no ``rewards.team``, and no reward on the label
@@ -263,9 +325,13 @@ def build_decision_points(
     """
     if cost_unit is not None and cost_unit not in COST_UNITS:
         raise TrainingError(f"cost unit {cost_unit!r} is not one of {', '.join(COST_UNITS)}")
-    if group_by not in ("task", "repo"):
-        raise TrainingError(f"group_by {group_by!r} is not one of task, repo")
+    if group_by not in GROUP_BY:
+        raise TrainingError(f"group_by {group_by!r} is not one of {', '.join(GROUP_BY)}")
     loop_flag = _loop_flagger()
+    if nets is None:
+        from stopserve.safety import DEFAULT_SAFETY
+
+        nets = DEFAULT_SAFETY
     cols = _Columns(len(FEATURE_NAMES), len(stop_rules))
     offsets: list[int] = [0]
     task_ids: list[str] = []
@@ -275,6 +341,7 @@ def build_decision_points(
     opt_value: list[float] = []
     opt_lambda: list[float] = []
     run_to_cap: list[bool] = []
+    systems: list[str] = []
     every_costed_has_usd = True
     any_usd = False
 
@@ -290,10 +357,7 @@ def build_decision_points(
         grade: float | None = None
         reward_label: float | None = None
         usd = tok = 0.0
-        start = len(cols.q)
-        n_events = len(trace.events)
-        for k, ev in enumerate(trace.events):
-            state.fold(ev)
+        for ev, is_row in fold_events(trace, state):
             if ev.usd is not None:
                 usd += ev.usd
                 any_usd = True
@@ -309,8 +373,7 @@ def build_decision_points(
                 and (ev.channel or LABEL_CHANNEL) == LABEL_CHANNEL
             ):
                 reward_label = ev.value
-            dp = is_decision_point(ev)
-            if not dp and not (k == n_events - 1 and len(cols.q) == start):
+            if not is_row:
                 continue
             if grade is not None:
                 q = grade
@@ -331,8 +394,11 @@ def build_decision_points(
             latest = state.latest_reward
             cols.latest_reward.append(math.nan if latest is None else float(latest))
             cols.loop.append(loop_flag(state))
+            proposed = ev.type == "stop" and bool(ev.proposed)
+            cols.proposed.append(proposed)
+            cols.net_stop.append(nets.check(state) is not None)
+            cols.allowed.append(nets.allows_stop(state))
             if stop_rules:
-                proposed = ev.type == "stop" and bool(ev.proposed)
                 cols.rule_stops.extend(bool(rule(state, proposed)) for rule in stop_rules)
         # the logged end: every event folded
         # the spec's order: grade, then (when rewards are grades) the reward, then the outcome
@@ -362,6 +428,7 @@ def build_decision_points(
         opt_value.append(float(trace.metrics.get("optimal_value", math.nan)))
         opt_lambda.append(float(trace.metrics.get("optimal_lambda", math.nan)))
         run_to_cap.append(trace.metrics.get("run_to_cap") == 1.0)
+        systems.append(trace.system or "unknown")
 
     if not task_ids:
         raise TrainingError("no traces: the input holds no valid trace to learn or evaluate from")
@@ -381,19 +448,27 @@ def build_decision_points(
     trace_c_final = np.array([cf[which] for cf in c_finals], dtype=np.float64)
     trace_idx = np.array(cols.trace_idx, dtype=np.int64)
     tasks = np.asarray(task_ids, dtype=np.str_)
-    groups = (
-        np.asarray([t.split("__", 1)[0] for t in task_ids], dtype=np.str_) if group_by == "repo" else tasks
-    )
+    system_arr = np.asarray(systems, dtype=np.str_)
+    dataset = np.asarray([name.split("/", 1)[0] for name in systems], dtype=np.str_)
+    groups = _groups(group_by, tasks, system_arr, dataset)
     trace_q_final = np.asarray(q_finals, dtype=np.float64)
+    c_raw = np.array(c_rows, dtype=np.float64)
+    scale = np.ones(len(task_ids))
+    if normalize_cost:
+        for name in np.unique(dataset):
+            mine = dataset == name
+            given = None if cost_scales is None else cost_scales.get(str(name))
+            mean = float(trace_c_final[mine].mean()) if given is None else float(given)
+            scale[mine] = mean if mean > 0 else 1.0
     return DecisionPoints(
         cost_unit=unit,
         X=cols.matrix(),
         trace_idx=trace_idx,
         turn=np.array(cols.turn, dtype=np.int64),
         q=np.array(cols.q, dtype=np.float64),
-        c=np.array(c_rows, dtype=np.float64),
+        c=c_raw / scale[trace_idx],
         q_final=trace_q_final[trace_idx],
-        c_final=trace_c_final[trace_idx],
+        c_final=(trace_c_final / scale)[trace_idx],
         propensity=np.array(cols.propensity, dtype=np.float64),
         is_last=np.array(cols.is_last, dtype=bool),
         elapsed=np.array(cols.c_sec, dtype=np.float64),
@@ -401,21 +476,38 @@ def build_decision_points(
         usd=np.array(cols.c_usd, dtype=np.float64),
         latest_reward=np.array(cols.latest_reward, dtype=np.float64),
         loop=np.array(cols.loop, dtype=bool),
+        net_stop=np.array(cols.net_stop, dtype=bool),
+        allowed=np.array(cols.allowed, dtype=bool),
+        proposed=np.array(cols.proposed, dtype=bool),
+        c_raw=c_raw,
         offsets=np.asarray(offsets, dtype=np.int64),
         task_id=tasks,
         group=groups,
         trace_id=np.asarray(trace_ids, dtype=np.str_),
         trace_q_final=trace_q_final,
-        trace_c_final=trace_c_final,
+        trace_c_final=trace_c_final / scale,
         optimal_value=np.asarray(opt_value, dtype=np.float64),
         optimal_lambda=np.asarray(opt_lambda, dtype=np.float64),
         run_to_cap=np.asarray(run_to_cap, dtype=bool),
+        dataset=dataset,
+        cost_scale=scale,
         rule_stops=(
             np.frombuffer(cols.rule_stops, dtype=np.int8).astype(bool).reshape(len(cols.q), len(stop_rules))
             if stop_rules
             else np.zeros((0, 0), dtype=bool)
         ),
     )
+
+
+def _groups(group_by: str, tasks: StrArray, systems: StrArray, dataset: StrArray) -> StrArray:
+    """The group of each trace: runs of one group never straddle a train/test split."""
+    if group_by == "repo":
+        return np.asarray([t.split("__", 1)[0] for t in tasks.tolist()], dtype=np.str_)
+    if group_by == "system":
+        return systems
+    if group_by == "dataset":
+        return dataset
+    return tasks
 
 
 def load_decision_points(

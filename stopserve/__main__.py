@@ -1,0 +1,5 @@
+"""``python -m stopserve``: the same command as ``stopserve``."""
+
+from stopserve.cli import main
+
+raise SystemExit(main())

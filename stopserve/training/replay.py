@@ -1,0 +1,95 @@
+"""Replays of served policies: every figure about a policy comes from its own ``decide``.
+
+A replay walks each logged trace with the live featurizer (:func:`fold_events`), asks
+each policy's :meth:`~stopserve.policy.Policy.decide` at every decision point, exactly as
+the service would (proposed stops, safety nets and ``min_turns`` included), and
+truncates the run at the policy's first stop. The value there is ``q_t − λ·c_t`` from
+the decision points' labels; a run the policy never stops gets its logged end.
+
+>>> stops = replay_decide(traces, dp, lambda i: [policy], lam=0.3)   # doctest: +SKIP
+>>> replay_rows(dp, stops[0], lam=0.3).mean_value                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from stopserve.errors import TrainingError
+from stopserve.features import RunState
+from stopserve.trace import Trace
+from stopserve.training.heuristics import Replay
+from stopserve.training.labels import DecisionPoints, IntArray, fold_events
+
+__all__ = ["replay_decide", "replay_rows"]
+
+
+def replay_decide(
+    traces: Iterable[Trace],
+    dp: DecisionPoints,
+    policies_for: Callable[[int], Sequence[Any]],
+    *,
+    lam: float | None = None,
+    cost_share: float | None = None,
+    progress: bool = False,
+) -> IntArray:
+    """The row of each policy's first stop in each trace, shape (policies, traces); -1: none.
+
+    ``policies_for(i)`` gives the policies replayed on trace ``i`` (the same number for
+    every trace: e.g. the fold's learned policy and the fold's tuned heuristics). ``dp``
+    must hold the decision points of the same traces in the same order.
+    """
+    out: IntArray | None = None
+    iterator: Iterable[Trace] = traces
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(traces, total=dp.n_traces, desc="replay", unit=" traces", file=sys.stderr)
+    n = 0
+    for i, trace in enumerate(iterator):
+        if i >= dp.n_traces:
+            raise TrainingError(f"replay: more traces than decision points were built for ({dp.n_traces})")
+        policies = policies_for(i)
+        if out is None:
+            out = np.full((len(policies), dp.n_traces), -1, dtype=np.int64)
+        running = list(range(len(policies)))
+        state = RunState(topology=trace.topology, budget=trace.budget)
+        row = int(dp.offsets[i])
+        for ev, is_row in fold_events(trace, state):
+            if not is_row:
+                continue
+            if running:
+                proposed = ev.type == "stop" and bool(ev.proposed)
+                still = []
+                for j in running:
+                    d = policies[j].decide(state, lam=lam, cost_share=cost_share, proposed_stop=proposed)
+                    if d.action == "stop":
+                        out[j, i] = row
+                    else:
+                        still.append(j)
+                running = still
+            row += 1
+        if row != dp.offsets[i + 1]:
+            raise TrainingError(
+                f"replay: trace {trace.trace_id!r} has {row - int(dp.offsets[i])} decision points, "
+                f"{int(dp.offsets[i + 1] - dp.offsets[i])} were built: not the same traces"
+            )
+        n += 1
+    if out is None or n != dp.n_traces:
+        raise TrainingError(f"replay: {n} traces given, decision points hold {dp.n_traces}")
+    return out
+
+
+def replay_rows(dp: DecisionPoints, stop_rows: IntArray, lam: float) -> Replay:
+    """Per-trace outcome of stopping at ``stop_rows`` (one per trace, -1: the logged end)."""
+    rows = np.asarray(stop_rows, dtype=np.int64)
+    if rows.shape != (dp.n_traces,):
+        raise TrainingError(f"stop rows have shape {rows.shape}, expected ({dp.n_traces},)")
+    stopped = rows >= 0
+    at = np.where(stopped, rows, 0)
+    q = np.where(stopped, dp.q[at], dp.trace_q_final)
+    c = np.where(stopped, dp.c[at], dp.trace_c_final)
+    return Replay(value=q - lam * c, q=q, c=c, stop_row=rows, stopped=stopped)

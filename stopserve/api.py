@@ -64,6 +64,14 @@ class _DecideFields(_Body):
         allow_inf_nan=False,
         description="Cost weight (cost units per unit of reward); default: the model's.",
     )
+    cost_share: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        allow_inf_nan=False,
+        description="What cost is worth as a share of a success: 0.3 = a whole run costs 30% of what a "
+        "success is worth (instead of 'lambda'); default: the model's.",
+    )
     safety: dict[str, Any] | None = Field(
         default=None,
         description="Safety-net configuration (SafetyConfig JSON), overriding the server's default.",
@@ -166,6 +174,7 @@ class DecideResponse(BaseModel):
     cost_to_go: float | None = None
     turn: int
     safety_net: str | None = Field(default=None, description="Which safety net fired, if any.")
+    rule: str | None = Field(default=None, description="Which base rule of the policy stopped the run, if any.")
     limit: Literal["turns", "seconds", "tokens", "usd"] | None = None
     pattern: str | None = Field(default=None, description="Loop pattern, when the loop detector fired.")
     finalize: bool = Field(description="True on stop: produce your best final answer now.")
@@ -239,11 +248,13 @@ class ModelInfo(BaseModel):
 
     kind: Literal["model", "heuristic", "none"]
     model_version: str | None
-    default_lambda: float
+    default_lambda: float | None
+    default_cost_share: float | None = None
+    rule: str | None = Field(default=None, description="The base rule the policy starts from, in words.")
     path: str | None
     safety_only: bool = Field(description="True when no model is loaded and only safety nets decide.")
     feature_names: list[str]
-    safety: dict[str, Any]
+    safety: dict[str, Any] = Field(description="The safety nets in force when a request gives none.")
     manifest: dict[str, Any]
     model_card: str | None
     loaded_at: float

@@ -190,8 +190,12 @@ class Policy:
         self.min_turns = int(manifest.get("min_turns") or 0)
         self._forest: Forest | None = None
         self._index: dict[str, int] = {}
+        if kind == "model" and self.method not in METHOD_MODELS:
+            raise ModelIntegrityError(
+                f"method: expected one of {', '.join(METHOD_MODELS)} for a learned model, got {self.method!r}"
+            )
         if boosters:
-            needed = METHOD_MODELS.get(self.method, ())
+            needed = METHOD_MODELS[self.method]
             missing = [n for n in needed if n not in boosters]
             if missing:
                 raise ModelIntegrityError(

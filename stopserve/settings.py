@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     epsilon: float = Field(default=0.0, ge=0, le=1, description="Exploration: P(model stop -> continue).")
     seed: int | None = Field(default=None, description="Seed of the exploration random stream.")
     lam: float | None = Field(default=None, ge=0, description="Default cost weight; unset: the model's.")
+    cost_share: float | None = Field(
+        default=None, ge=0, le=100, description="Default cost share (instead of lam); unset: the model's."
+    )
     safety: dict[str, Any] | None = Field(
         default=None, description="Default safety-net config (SafetyConfig JSON); unset: the model's."
     )

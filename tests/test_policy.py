@@ -1,12 +1,17 @@
+"""The served policy: nets, base rule, margins, the value of continuing, monotone cost weight."""
+
 from __future__ import annotations
 
+import math
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
-import lightgbm as lgb
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent / "training"))
 from fit_data import synth_trace, synth_traces
@@ -14,181 +19,249 @@ from fit_data import synth_trace, synth_traces
 from stopserve.artifacts import save_model_dir
 from stopserve.errors import ModelIntegrityError
 from stopserve.features import FEATURE_NAMES, RunState
-from stopserve.policy import CompiledForest, Policy, StopDecision
-from stopserve.safety import SafetyConfig
-from stopserve.trace import is_decision_point
-from stopserve.training.fit import fit_policy
+from stopserve.policy import Policy, StopDecision, cost_weight
+from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
+from stopserve.trace import Trace, is_decision_point
+from stopserve.training.fit import PolicyLearner
+from stopserve.training.heuristics import HeuristicRule, policy_mask
 from stopserve.training.labels import build_decision_points
+from stopserve.training.replay import replay_decide
+from stopserve.training.tuning import learned_mask
 
 NO_LOOP = SafetyConfig.from_dict({"loop": False})
+FAST: dict[str, Any] = {"folds": 3, "max_rounds": 40, "n_boot": 200}
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dp = build_decision_points(synth_traces(160, seed=1))
-    result = fit_policy(dp, lam=2.0, folds=3, max_rounds=30, early_stopping=5)
-    assert result.manifest["kind"] == "model", result.warnings
-    return result.save(tmp_path_factory.mktemp("policy") / "model")
+def learned() -> dict[str, Policy]:
+    traces = synth_traces(160, seed=1)
+    out = {}
+    for method in ("behavior", "optimal"):
+        learner = PolicyLearner(lam=2.0, method=method, **FAST).fit(traces)
+        assert learner.manifest_["kind"] == "model", learner.notes_
+        out[method] = learner.policy()
+    per_run = PolicyLearner(cost_share=0.3, cost_scale="per_run", method="behavior", **FAST).fit(traces)
+    out["per_run"] = per_run.policy()
+    return out
 
 
-def _fold_to_decision_points(policy: Policy, seed: int, **kw: object) -> list[tuple[RunState, StopDecision]]:
-    trace = synth_trace(999, random.Random(seed), success=False)
+def _walk(policy: Policy, trace: Trace, **kw: Any) -> list[StopDecision]:
     state = RunState()
     out = []
     for ev in trace.events:
         state.fold(ev)
         if is_decision_point(ev):
-            out.append((state, policy.decide(state, **kw)))  # type: ignore[arg-type]
+            out.append(policy.decide(state, proposed_stop=ev.type == "stop" and bool(ev.proposed), **kw))
     return out
 
 
-def test_compiled_forest_matches_lightgbm_including_nan() -> None:
-    rng = np.random.default_rng(0)
-    X = rng.random((600, 6))
-    X[rng.random(X.shape) < 0.15] = np.nan
-    X[:, 2] = np.where(rng.random(600) < 0.3, 0.0, X[:, 2])
-    y = (np.nan_to_num(X[:, 0], nan=0.9) + np.nan_to_num(X[:, 2]) > 0.8).astype(float)
-    common = {"verbose": -1, "num_threads": 1, "num_leaves": 15, "max_depth": 5}
-    b1 = lgb.train({**common, "objective": "cross_entropy"}, lgb.Dataset(X, y), 25)
-    b2 = lgb.train({**common, "objective": "regression"}, lgb.Dataset(X, X[:, 1] * 3), 25)
-    forest = CompiledForest({"a": b1.dump_model(), "b": b2.dump_model()}, 6)
-    Xt = rng.random((200, 6))
-    Xt[rng.random(Xt.shape) < 0.25] = np.nan
-    Xt[:, 2] = np.where(rng.random(200) < 0.3, 0.0, Xt[:, 2])
-    ref = np.c_[b1.predict(Xt, raw_score=True), b2.predict(Xt, raw_score=True)]
-    np.testing.assert_allclose(forest.raw_batch(Xt, chunk=64), ref, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(np.array([forest.raw_one(x) for x in Xt]), ref, rtol=0, atol=1e-12)
+def _first_stop(decisions: list[StopDecision]) -> int:
+    return next((d.turn for d in decisions if d.action == "stop"), 10**6)
 
 
-def test_decide_agrees_with_predict_batch(model_dir: Path) -> None:
-    policy = Policy.load(model_dir)
-    assert policy.kind == "model" and policy.model_version
-    points = []
-    trace = synth_trace(7, random.Random(3), success=False)
-    state = RunState()
-    for ev in trace.events:
-        state.fold(ev)
-        if is_decision_point(ev):
-            points.append((state.features(), policy.decide(state, lam=2.0, safety=NO_LOOP)))
-    X = np.vstack([x for x, _ in points])
-    batch = policy.predict_batch(X, 2.0)
-    for i, (_, d) in enumerate(points):
-        assert d.safety_net is None and not d.degraded
-        assert d.v_stop == pytest.approx(batch["v_stop"][i], abs=1e-9)
-        assert d.q_continue == pytest.approx(batch["q_continue"][i], abs=1e-9)
-        assert d.cost_to_go == pytest.approx(batch["cost_to_go"][i], abs=1e-9)
-        if d.turn >= 2:
-            assert (d.action == "stop") == bool(batch["stop"][i])
-    # a doomed, looping run is stopped by the model, for lack of progress
-    assert any(d.action == "stop" and d.reason == "no_progress" for _, d in points)
+def test_decide_agrees_with_the_vectorised_values(learned: dict[str, Policy]) -> None:
+    traces = synth_traces(20, seed=9)
+    dp = build_decision_points(traces)
+    for name, policy in learned.items():
+        kw = {"cost_share": 0.3} if name == "per_run" else {"lam": 2.0}
+        raw = policy.raw_batch(dp.X)
+        v, ctg, _ = policy.values(raw, dp.turn, dp.c_raw if name == "per_run" else dp.c, **kw)
+        got = []
+        for tr in traces:
+            got += [d.v_stop for d in _walk(policy, tr, safety=NO_LOOP, **kw)]
+        np.testing.assert_allclose(np.asarray(got, dtype=float), v, rtol=1e-6, atol=1e-9)
 
 
-def test_min_turns_vetoes_model_stops(model_dir: Path) -> None:
-    policy = Policy.load(model_dir)
-    strict = SafetyConfig(min_turns=1000)
-    for _, d in _fold_to_decision_points(policy, 1, safety=strict, lam=100.0):
-        assert d.action == "continue"
+def test_vectorised_stop_flags_agree_with_decide(learned: dict[str, Policy]) -> None:
+    # the trainer's search (learned_mask, policy_mask) is exactly what decide does
+    traces = synth_traces(30, seed=11)
+    dp = build_decision_points(traces)
+    rule = HeuristicRule(turn_cap=9, reward_threshold=None)
+    for margin_stop, margin_continue in ((0.0, None), (0.05, 0.2), (None, -0.1)):
+        base = learned["behavior"]
+        manifest = {
+            **base.manifest,
+            "rule": rule.to_safety_config("usd").to_dict(),
+            "margins": {"stop": margin_stop, "continue": margin_continue},
+            "min_turns": 2,
+        }
+        policy = Policy(
+            kind="model",
+            safety=DEFAULT_SAFETY,
+            manifest=manifest,
+            rule=rule.to_safety_config("usd"),
+            boosters=base._forest._boosters,  # type: ignore[union-attr]
+        )
+        raw = policy.raw_batch(dp.X)
+        v, _, _ = policy.values(raw, dp.turn, dp.c, lam=2.0)
+        mask = learned_mask(
+            dp,
+            np.asarray(v),
+            rule.stop_mask(dp),
+            margin_stop=math.inf if margin_stop is None else margin_stop,
+            margin_continue=math.inf if margin_continue is None else margin_continue,
+            min_turns=2,
+        )
+        first = np.minimum.reduceat(np.where(mask, np.arange(dp.n_rows), dp.n_rows), dp.offsets[:-1])
+        want = np.where(first < dp.offsets[1:], first, -1)
+        got = replay_decide(traces, dp, lambda i: [policy], lam=2.0)[0]  # noqa: B023
+        np.testing.assert_array_equal(got, want)
+    heuristic = Policy.from_manifest({"kind": "heuristic", "rule": rule.to_safety_config("usd").to_dict()})
+    mask = policy_mask(dp, rule.stop_mask(dp))
+    first = np.minimum.reduceat(np.where(mask, np.arange(dp.n_rows), dp.n_rows), dp.offsets[:-1])
+    want = np.where(first < dp.offsets[1:], first, -1)
+    np.testing.assert_array_equal(replay_decide(traces, dp, lambda i: [heuristic], lam=2.0)[0], want)
 
 
-def test_safety_nets_win_and_are_never_explored(model_dir: Path) -> None:
-    policy = Policy.load(model_dir)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 10_000),
+    success=st.booleans(),
+    lams=st.tuples(st.floats(0, 20), st.floats(0, 20)),
+    share=st.tuples(st.floats(0, 3), st.floats(0, 3)),
+)
+def test_the_stop_never_moves_later_when_cost_weighs_more(
+    learned: dict[str, Policy], seed: int, success: bool, lams: tuple[float, float], share: tuple[float, float]
+) -> None:
+    trace = synth_trace(seed, random.Random(seed), success=success)
+    lo, hi = sorted(lams)
+    for name in ("behavior", "optimal"):
+        policy = learned[name]
+        assert _first_stop(_walk(policy, trace, lam=hi)) <= _first_stop(_walk(policy, trace, lam=lo))
+    s_lo, s_hi = sorted(share)
+    for name in ("behavior", "per_run"):
+        policy = learned[name]
+        assert _first_stop(_walk(policy, trace, cost_share=s_hi)) <= _first_stop(
+            _walk(policy, trace, cost_share=s_lo)
+        )
+
+
+def test_cost_weight_modes() -> None:
+    # absolute: lambda times the cost still to come (turn-equivalents times the mean cost per turn)
+    w, ctg = cost_weight(3.0, 4, 8.0, lam=0.5, cost_share=None, mean_cost=None)
+    assert ctg == pytest.approx(6.0) and w == pytest.approx(3.0)
+    # a share with a known mean behavior cost: lambda = share / mean
+    w, _ = cost_weight(3.0, 4, 8.0, lam=None, cost_share=0.3, mean_cost=10.0)
+    assert w == pytest.approx(0.03 * 6.0)
+    # per run: the share of this run's expected total still to come, whatever the scale
+    w1, _ = cost_weight(3.0, 4, 8.0, lam=None, cost_share=0.3, mean_cost=None)
+    w2, _ = cost_weight(3.0, 4, 8e6, lam=None, cost_share=0.3, mean_cost=None)
+    assert w1 == w2 == pytest.approx(0.3 * 3 / 7)
+    arr, _ = cost_weight(np.array([3.0, 0.0]), np.array([4, 0]), np.array([8.0, 0.0]), lam=0.5, cost_share=None, mean_cost=None)
+    assert arr.tolist() == pytest.approx([3.0, 0.0])
+
+
+def test_min_turns_vetoes_model_stops(learned: dict[str, Policy]) -> None:
+    strict = SafetyConfig(min_turns=1000, loop=None)
+    for seed in range(5):
+        trace = synth_trace(seed, random.Random(seed), success=False)
+        assert all(d.action == "continue" for d in _walk(learned["behavior"], trace, safety=strict, lam=100.0))
+
+
+def test_safety_nets_win_and_are_never_explored(learned: dict[str, Policy]) -> None:
     capped = SafetyConfig(max_turns=3)
-    decisions = _fold_to_decision_points(policy, 2, safety=capped, lam=0.0, epsilon=0.9, rng=random.Random(0))
-    stops = [d for _, d in decisions if d.turn >= 3]
+    trace = synth_trace(2, random.Random(2), success=False)
+    decisions = _walk(learned["behavior"], trace, safety=capped, lam=0.0, epsilon=0.9, rng=random.Random(0))
+    stops = [d for d in decisions if d.turn >= 3]
     assert stops and all(d.action == "stop" and d.safety_net == "max_turns" for d in stops)
     assert all(d.limit == "turns" and d.reason == "budget_exhausted" and d.propensity == 1.0 for d in stops)
-    assert all(d.finalize for d in stops)
 
 
-def test_epsilon_exploration_turns_model_stops_into_continues(model_dir: Path) -> None:
-    policy = Policy.load(model_dir)
+def test_epsilon_exploration_turns_model_stops_into_continues(learned: dict[str, Policy]) -> None:
+    policy = learned["behavior"]
     rng = random.Random(0)
-    decisions = [
-        d
-        for seed in range(20)
-        for _, d in _fold_to_decision_points(policy, seed, lam=100.0, epsilon=0.3, rng=rng, safety=NO_LOOP)
-        if d.v_stop is not None and d.turn >= 2 and d.v_stop < -policy.tau(100.0)
-    ]
-    assert decisions
-    explored = [d for d in decisions if d.action == "continue"]
-    stopped = [d for d in decisions if d.action == "stop"]
+    model_stops = []
+    for seed in range(30):
+        trace = synth_trace(seed, random.Random(seed), success=False)
+        for d in _walk(policy, trace, lam=100.0, epsilon=0.3, rng=rng, safety=NO_LOOP):
+            if d.propensity < 1.0:
+                model_stops.append(d)
+    assert model_stops
+    explored = [d for d in model_stops if d.action == "continue"]
     assert all(d.propensity == pytest.approx(0.3) for d in explored)
-    assert all(d.propensity == pytest.approx(0.7) for d in stopped)
-    assert 0.15 < len(explored) / len(decisions) < 0.45
+    assert all(d.propensity == pytest.approx(0.7) for d in model_stops if d.action == "stop")
+    assert 0.1 < len(explored) / len(model_stops) < 0.5
 
 
-def test_lambda_is_a_dial(model_dir: Path) -> None:
-    policy = Policy.load(model_dir)
-    cheap = _fold_to_decision_points(policy, 5, lam=0.0, safety=NO_LOOP)
-    dear = _fold_to_decision_points(policy, 5, lam=1000.0, safety=NO_LOOP)
-    first = lambda ds: next((d.turn for _, d in ds if d.action == "stop"), 10**6)  # noqa: E731
-    assert first(dear) <= first(cheap)
-    assert first(dear) < 10**6
-
-
-def test_safety_only_policy() -> None:
-    policy = Policy.safety_only(SafetyConfig(max_turns=4))
-    assert policy.kind == "none" and policy.model_version is None
-    decisions = _fold_to_decision_points(policy, 0)
-    assert all(d.v_stop is None for _, d in decisions)
-    assert [d.action for _, d in decisions if d.turn < 4] == ["continue"] * 3
-    state = RunState()
+def test_safety_only_policy_uses_the_default_nets() -> None:
+    policy = Policy.safety_only()
+    assert policy.kind == "none" and policy.model_version is None and policy.safety == DEFAULT_SAFETY
     trace = synth_trace(1, random.Random(0), success=True)
-    state.fold(trace.events[0])
-    state.fold(trace.events[1])
-    assert policy.decide(state, proposed_stop=True).action == "continue"  # before min_turns
-    state.fold(trace.events[2])
-    state.fold(trace.events[3])
+    decisions = _walk(policy, trace)
+    assert all(d.v_stop is None and d.action == "continue" for d in decisions)
+    state = RunState()
+    for ev in trace.events[:2]:
+        state.fold(ev)
     d = policy.decide(state, proposed_stop=True)
     assert d.action == "stop" and d.reason == "information_complete" and d.to_dict()["finalize"] is True
 
 
-def test_heuristic_directory_decides_with_its_nets(tmp_path: Path) -> None:
+def test_heuristic_directory_stops_by_its_rule(tmp_path: Path) -> None:
+    rule = HeuristicRule(turn_cap=2).to_safety_config("usd")
     manifest = {
         "kind": "heuristic",
         "method": "heuristic",
-        "feature_names": list(FEATURE_NAMES),
-        "default_lambda": 0.2,
-        "safety": SafetyConfig(max_turns=2).to_dict(),
+        "rule": rule.to_dict(),
+        "rule_name": "turn_cap",
+        "rule_text": "turn cap 2",
     }
     policy = Policy.load(save_model_dir(tmp_path / "h", manifest))
     assert policy.kind == "heuristic"
-    decisions = _fold_to_decision_points(policy, 0)
-    assert decisions[1][1].action == "stop" and decisions[1][1].safety_net == "max_turns"
+    decisions = _walk(policy, synth_trace(0, random.Random(0), success=False))
+    stop = decisions[1]
+    assert stop.action == "stop" and stop.rule == "turn_cap" and stop.safety_net is None
+    assert stop.reason == "budget_exhausted" and stop.limit == "turns"
 
 
-def test_bad_safety_in_manifest_is_refused(tmp_path: Path) -> None:
-    manifest = {"kind": "heuristic", "feature_names": list(FEATURE_NAMES), "safety": {"max_turns": -3}}
-    with pytest.raises(ModelIntegrityError, match="max_turns"):
-        Policy.load(save_model_dir(tmp_path / "h", manifest))
-
-
-def test_predict_batch_checks_shape(model_dir: Path) -> None:
-    policy = Policy.load(model_dir)
-    with pytest.raises(ModelIntegrityError, match="shape"):
-        policy.predict_batch(np.zeros((3, 2)), 0.2)
-    with pytest.raises(ModelIntegrityError, match="learned model"):
-        Policy.safety_only().predict_batch(np.zeros((1, len(FEATURE_NAMES))), 0.2)
-
-
-def test_tau_grid_interpolates(model_dir: Path) -> None:
-    policy = Policy.load(model_dir)
-    grid = policy.manifest["tau_grid"]
-    lams, taus = grid["lambda"], grid["tau"]
-    for lam, tau in zip(lams, taus, strict=True):
-        expected = float("inf") if tau is None else tau
-        assert policy.tau(lam) == pytest.approx(expected)
-    assert policy.tau(policy.default_lambda) == pytest.approx(
-        float("inf") if policy.manifest["tau"] is None else policy.manifest["tau"]
+def test_the_continue_margin_overrules_the_base_rule(learned: dict[str, Policy]) -> None:
+    base = learned["behavior"]
+    rule = HeuristicRule(turn_cap=1).to_safety_config("usd")
+    policy = Policy(
+        kind="model",
+        safety=NO_LOOP,
+        manifest={**base.manifest, "rule": rule.to_dict(), "margins": {"stop": None, "continue": -1e9}},
+        rule=rule,
+        boosters=base._forest._boosters,  # type: ignore[union-attr]
     )
+    trace = synth_trace(3, random.Random(3), success=True)
+    # V is always above -1e9: every base stop is overruled, and the model never stops on its own
+    assert all(d.action == "continue" for d in _walk(policy, trace, lam=0.0))
 
 
-def test_scalar_interpolation_matches_numpy() -> None:
-    from stopserve.policy import _interp1
+def test_a_manifest_cannot_switch_the_default_nets_off(tmp_path: Path) -> None:
+    manifest = {"kind": "heuristic", "rule": None, "safety": {"loop": False, "quality_met": None}}
+    policy = Policy.load(save_model_dir(tmp_path / "h", manifest))
+    state = RunState()
+    from stopserve.trace import Event
 
-    rng = np.random.default_rng(3)
-    xs = np.sort(rng.random(12))
-    xs[5] = xs[4]  # isotonic knots repeat
-    ys = np.sort(rng.random(12))
-    for x in [-1.0, 2.0, *rng.random(200).tolist(), float(xs[4])]:
-        assert _interp1(x, xs.tolist(), ys.tolist()) == pytest.approx(float(np.interp(x, xs, ys)))
+    for i in range(6):
+        state.fold(Event(id=f"a{i}", t=float(i), type="tool_use", agent="x", content_ref="same"))
+        state.fold(Event(id=f"r{i}", t=float(i), type="return", agent="x", content_ref="out"))
+    d = policy.decide(state)
+    assert d.action == "stop" and d.safety_net == "loop_detector"
+
+
+def test_bad_manifests_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ModelIntegrityError, match="max_turns"):
+        Policy.load(save_model_dir(tmp_path / "h", {"kind": "heuristic", "safety": {"max_turns": -3}}))
+    with pytest.raises(ModelIntegrityError, match="rule"):
+        Policy.load(save_model_dir(tmp_path / "r", {"kind": "heuristic", "rule": {"max_turn": 3}}))
+    import lightgbm as lgb
+
+    x = np.random.default_rng(0).normal(size=(50, len(FEATURE_NAMES)))
+    booster = lgb.train(
+        {"objective": "regression", "verbose": -1, "num_leaves": 4},
+        lgb.Dataset(x, label=x[:, 0], feature_name=list(FEATURE_NAMES)),
+        2,
+    )
+    text = booster.model_to_string()
+    names = {"feature_names": list(FEATURE_NAMES)}
+    with pytest.raises(ModelIntegrityError, match="method"):
+        Policy.load(save_model_dir(tmp_path / "m", {"kind": "model", "method": "magic", **names}, {"g": text}))
+    with pytest.raises(ModelIntegrityError, match="missing k"):
+        Policy.load(save_model_dir(tmp_path / "k", {"kind": "model", "method": "behavior", **names}, {"g": text}))
+
+
+def test_raw_batch_needs_a_model() -> None:
+    with pytest.raises(ModelIntegrityError, match="learned model"):
+        Policy.safety_only().raw_batch(np.zeros((1, len(FEATURE_NAMES))))

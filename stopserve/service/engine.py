@@ -236,11 +236,13 @@ class Engine:
             run.budget = req.budget
             run.state.set_budget(req.budget)
         if req.lam is not None:
-            run.lam = req.lam
+            run.lam, run.cost_share = req.lam, None
+        if req.cost_share is not None:
+            run.lam, run.cost_share = None, req.cost_share
         if req.safety is not None:
             run.safety = self._safety(req.safety)
         policy = self.serving.policy
-        decision = self._decide(policy, run.state, run.lam, run.safety, req.proposed_stop)
+        decision = self._decide(policy, run.state, run.lam, run.cost_share, run.safety, req.proposed_stop)
         fields = _decision_fields(decision)
         answer = {"run_id": run_id, **fields, "events_accepted": len(new), "events_ignored": ignored}
         record = {
@@ -252,6 +254,7 @@ class Engine:
             "n_events": len(run.events),
             **fields,
             "lambda": run.lam if run.lam is not None else self.settings.lam,
+            "cost_share": run.cost_share if run.cost_share is not None else self.settings.cost_share,
             "proposed_stop": req.proposed_stop,
         }
         if run.events:
@@ -292,7 +295,7 @@ class Engine:
         state.fold_many(req.events)
         safety = self._safety(req.safety) if req.safety is not None else None
         lam = req.lam
-        decision = self._decide(self.serving.policy, state, lam, safety, req.proposed_stop)
+        decision = self._decide(self.serving.policy, state, lam, req.cost_share, safety, req.proposed_stop)
         fields = _decision_fields(decision)
         answer = {"run_id": req.run_id, **fields, "events_accepted": len(req.events), "events_ignored": 0}
         record = {
@@ -304,6 +307,7 @@ class Engine:
             "n_events": state.n_events,
             **fields,
             "lambda": lam,
+            "cost_share": req.cost_share,
             "proposed_stop": req.proposed_stop,
         }
         return answer, record, decision
@@ -360,13 +364,16 @@ class Engine:
         policy: Policy,
         state: RunState,
         lam: float | None,
+        cost_share: float | None,
         safety: SafetyConfig | None,
         proposed_stop: bool,
     ) -> StopDecision:
-        lam = lam if lam is not None else self.settings.lam
+        if lam is None and cost_share is None:
+            lam, cost_share = self.settings.lam, self.settings.cost_share
         return policy.decide(
             state,
             lam=lam,
+            cost_share=cost_share,
             safety=safety if safety is not None else self._default_safety,
             proposed_stop=proposed_stop,
             epsilon=self.settings.epsilon,
@@ -437,6 +444,7 @@ class Engine:
                     system=req.system,
                     budget=req.budget,
                     lam=req.lam,
+                    cost_share=req.cost_share,
                     safety=self._safety(req.safety) if req.safety is not None else None,
                 )
                 self.store.add(run)
@@ -610,10 +618,12 @@ class Engine:
             kind=p.kind,
             model_version=p.model_version,
             default_lambda=p.default_lambda,
+            default_cost_share=p.default_cost_share,
+            rule=p.manifest.get("rule_text"),
             path=str(s.path) if s.path else None,
             safety_only=p.kind == "none",
             feature_names=list(FEATURE_NAMES),
-            safety=p.safety.model_dump(mode="json"),
+            safety=(self._default_safety or p.safety).to_dict(),
             manifest=p.manifest,
             model_card=s.model_card,
             loaded_at=s.loaded_at,
@@ -685,6 +695,7 @@ def _decision_fields(d: StopDecision) -> dict[str, Any]:
         "model_version": d.model_version,
         "propensity": d.propensity,
         "degraded": d.degraded,
+        "rule": d.rule,
     }
 
 

@@ -42,6 +42,7 @@ class Run:
     system: str | None = None
     budget: Budget | None = None
     lam: float | None = None
+    cost_share: float | None = None
     safety: Any = None  # SafetyConfig for this run, if the caller gave one
     events: list[str] = field(default_factory=list)  # compact JSON of each event
     event_ids: set[str] = field(default_factory=set)

@@ -213,8 +213,8 @@ def evaluate(
     )
     by_share = cost_share is not None
     unit = cost_unit
-    if unit is None and model_policy is not None and model_policy.kind != "none":
-        unit = model_policy.cost_unit
+    if unit is None and model_policy is not None:
+        unit = model_policy.manifest.get("cost_unit")
     tune_dp: DecisionPoints | None = None
     scales: dict[str, float] | None = None
     if tune_source is not None:

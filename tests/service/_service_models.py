@@ -10,9 +10,9 @@ from stopserve.features import FEATURE_NAMES
 
 
 def tiny_model(out: Path, version: str, *, stop_bias: float = 0.0) -> Path:
-    """A real, tiny LightGBM model directory (q, s, k; 3 trees each) written by the artifact writer.
+    """A real, tiny LightGBM model directory (g, k; 3 trees each) written by the artifact writer.
 
-    ``stop_bias`` > 0 makes V_stop negative (the model wants to stop); < 0 positive.
+    ``stop_bias`` > 0 makes the value of continuing negative (the model wants to stop); < 0 positive.
     """
     import lightgbm as lgb
 
@@ -20,8 +20,7 @@ def tiny_model(out: Path, version: str, *, stop_bias: float = 0.0) -> Path:
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, len(FEATURE_NAMES)))
-    targets = {"q": 0.5 - stop_bias / 2 + 0.01 * x[:, 0], "s": 0.5 + stop_bias / 2 + 0.01 * x[:, 1]}
-    targets["k"] = np.abs(0.1 * x[:, 2])
+    targets = {"g": -stop_bias + 0.01 * x[:, 0], "k": np.abs(0.1 * x[:, 2])}
     texts = {}
     for name, y in targets.items():
         ds = lgb.Dataset(x, label=y, feature_name=list(FEATURE_NAMES), free_raw_data=False)
@@ -33,9 +32,10 @@ def tiny_model(out: Path, version: str, *, stop_bias: float = 0.0) -> Path:
         "kind": "model",
         "model_version": version,
         "feature_names": list(FEATURE_NAMES),
+        "method": "behavior",
         "default_lambda": 0.0,
-        "tau": 0.0,
         "cost_unit": "ktokens",
-        "safety": {"min_turns": 0},
+        "margins": {"stop": 0.0, "continue": None},
+        "min_turns": 0,
     }
     return save_model_dir(out, manifest, texts)

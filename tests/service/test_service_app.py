@@ -247,7 +247,7 @@ def test_admin_reload_auth_refusal_and_swap(tmp_path: Path, model_dir: Path) -> 
         # a tampered model is refused; the old one keeps serving
         bad = tmp_path / "bad"
         shutil.copytree(other, bad)
-        (bad / "q.txt").write_text((bad / "q.txt").read_text().replace("Tree=0", "Tree=0\n", 1))
+        (bad / "g.txt").write_text((bad / "g.txt").read_text().replace("Tree=0", "Tree=0\n", 1))
         r = c.post("/v1/admin/reload", json={"model_dir": str(bad)}, headers=auth)
         assert r.status_code == 422 and "sha256" in r.json()["error"]["message"]
         assert c.get("/v1/model").json()["model_version"] == "tiny-stop"

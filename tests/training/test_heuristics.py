@@ -98,12 +98,15 @@ def test_cross_fitting_never_tunes_on_the_held_out_group() -> None:
         step_trace(f"r{i}", f"task{i}", 3 + i % 3, grades=[0, 1, 1, 1, 1][: 3 + i % 3]) for i in range(6)
     ]
     dp = build_decision_points(traces)
-    masks, params = cross_fit_heuristics(dp, lam=1.0, folds=3, seed=1)
-    assert set(masks) == set(HEURISTICS)
-    assert all(m.shape == (dp.n_rows,) for m in masks.values())
-    assert len(params["turn_cap"]) == 3
+    fold, tuned = cross_fit_heuristics(dp, lam=1.0, folds=3, seed=1)
+    assert len(tuned) == 3 and all(set(t) == set(HEURISTICS) for t in tuned)
     folds = group_folds(dp.group, 3, 1)
+    assert fold.tolist() == folds.tolist()
     assert sorted(np.bincount(folds).tolist()) == [2, 2, 2]
+    # each fold's rules are tuned without that fold's traces: retuning on the others gives the same
+    for f, t in enumerate(tuned):
+        alone = tune_heuristics(dp.subset(np.flatnonzero(fold != f)), lam=1.0)
+        assert {n: h.rule for n, h in alone.items()} == {n: h.rule for n, h in t.items()}
 
 
 def test_a_single_group_cannot_be_cross_fitted() -> None:

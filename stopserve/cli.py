@@ -29,7 +29,7 @@ _RUNNERS: Final[dict[str, str]] = {
     "serve": "stopserve.service.app:serve_command",
 }
 
-IMPORT_FORMATS: Final = ("survey", "mini-swe-agent", "openai-chat", "otel")
+IMPORT_FORMATS: Final = ("survey", "mini-swe-agent", "openai-chat", "otel", "mint", "intercode")
 
 
 def _positive_int(text: str) -> int:

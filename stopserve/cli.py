@@ -29,7 +29,7 @@ _RUNNERS: Final[dict[str, str]] = {
     "serve": "stopserve.service.app:serve_command",
 }
 
-IMPORT_FORMATS: Final = ("survey", "mini-swe-agent", "openai-chat", "otel")
+IMPORT_FORMATS: Final = ("survey", "mini-swe-agent", "openai-chat", "otel", "mint", "intercode")
 #: ``stopserve.training.labels.GROUP_BY`` (not imported: the CLI stays light; a test keeps them equal)
 GROUP_BY: Final = ("task", "repo", "system", "dataset")
 

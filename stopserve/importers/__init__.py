@@ -7,7 +7,7 @@ valid format-v1 traces one at a time; what it cannot convert raises
 ``on_error`` callback is passed, goes to it and is skipped.
 
 >>> sorted(IMPORTERS)
-['mini-swe-agent', 'openai-chat', 'otel', 'survey']
+['intercode', 'mini-swe-agent', 'mint', 'openai-chat', 'otel', 'survey']
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ MODULES: Final[dict[str, str]] = {
     "mini-swe-agent": "mini_swe_agent",
     "openai-chat": "openai_chat",
     "otel": "otel",
+    "mint": "mint",
+    "intercode": "intercode",
 }
 
 

@@ -16,6 +16,7 @@ from stopserve.errors import ImporterError, Issue, TraceValidationError
 from stopserve.trace import Trace, parse_trace
 
 __all__ = [
+    "CHARS_PER_TOKEN",
     "MAX_FILE_BYTES",
     "OnError",
     "content_ref",
@@ -29,6 +30,9 @@ __all__ = [
 
 #: Called with each source an importer skips; without it the importer raises instead.
 OnError = Callable[[ImporterError], None] | None
+
+#: The documented estimate when a source has no token counts: one token per 4 characters.
+CHARS_PER_TOKEN: Final = 4
 
 #: One foreign JSON document above this size is refused (bounds memory per run).
 MAX_FILE_BYTES: Final = 256 * 1024 * 1024

@@ -42,6 +42,7 @@ from typing import Any, Final
 
 from stopserve.errors import ImporterError
 from stopserve.importers._common import (
+    CHARS_PER_TOKEN,
     OnError,
     content_ref,
     fail,
@@ -55,8 +56,6 @@ from stopserve.trace import FORMAT_TAG, Trace
 
 __all__ = ["CHARS_PER_TOKEN", "convert", "read"]
 
-#: The documented estimate when a message has no usage: one token per 4 characters.
-CHARS_PER_TOKEN: Final = 4
 _SUFFIXES: Final = (".json", ".jsonl", ".jsonl.gz", ".json.gz", ".ndjson")
 
 

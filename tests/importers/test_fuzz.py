@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stopserve.errors import ImporterError
-from stopserve.importers import mini_swe_agent, openai_chat, otel, survey
+from stopserve.importers import intercode, mini_swe_agent, mint, openai_chat, otel, survey
 from stopserve.trace import check_trace
 
 KEYS = [
@@ -39,6 +39,20 @@ KEYS = [
     "usage",
     "decision",
     "tokens",
+    "task",
+    "state",
+    "history",
+    "success",
+    "task_id",
+    "token_counter",
+    "turn_history",
+    "actions",
+    "observations",
+    "rewards",
+    "valid_action",
+    "environment",
+    "dataset",
+    "query",
 ]
 SCALARS = (
     st.none()
@@ -78,6 +92,12 @@ def test_check_trace_never_raises(data: dict[str, Any]) -> None:
     assert all(str(issue) for issue in issues)
 
 
+MINT_PATH = mint.parse_path("m/F=None/max5_p2/reasoning/gsm8k/results.jsonl")
+INTERCODE_FILE = intercode.LogFile(
+    path="sql/gpt-4/ic_sql_multiturn_gpt-4_10_turns.json", model="gpt-4", strategy="multiturn"
+)
+
+
 def _otel(data: Any) -> None:
     source = otel._Source("x.json", None)
     for _, span in otel._spans_of(data, "x.json", None):
@@ -95,6 +115,8 @@ def test_importers_raise_only_importer_errors(data: Any) -> None:
         lambda d: mini_swe_agent.trace_from_mini(d, "x.traj.json"),
         lambda d: mini_swe_agent.trace_from_swe_agent(d, "x.traj"),
         _otel,
+        lambda d: mint.convert(d, MINT_PATH, file="x/results.jsonl", line=1),
+        lambda d: intercode.convert(d, INTERCODE_FILE, "0"),
     ]
     for convert in converters:
         try:
@@ -189,3 +211,78 @@ def test_otel_spans(spans: list[dict[str, Any]]) -> None:
         _otel({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]})
     except ImporterError as err:
         assert err.issues
+
+
+MINT_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system", 3])},
+    optional={
+        "content": st.sampled_from(
+            [
+                "Observation:\n2\nYou have 3 steps left and 2 chances to propose solution left.\n",
+                "Observation:\nYour answer is wrong.\nYou have 1 steps left and 1 chances to propose "
+                "solution left.\nYou should take the last step to propose a solution.\n"
+                "\nExpert feedback:\nno",
+                "<execute> print(1) </execute>",
+                "<solution> 2 </solution>",
+                "```python\nprint(2)\n```",
+                "",
+            ]
+        )
+        | JSON
+    },
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    history=st.lists(MINT_MESSAGE, max_size=6),
+    success=JSON | st.booleans(),
+    counter=JSON
+    | st.fixed_dictionaries({}, optional={"prompt_tokens": JSON, "feedback_prompt_tokens": JSON}),
+    terminate=st.sampled_from(["task_success", "max_steps", "error", None]),
+)
+def test_mint_runs(history: list[dict[str, Any]], success: Any, counter: Any, terminate: Any) -> None:
+    record = {
+        "task": {"task_id": 1},
+        "state": {
+            "history": history,
+            "success": success,
+            "token_counter": counter,
+            "terminate_reason": terminate,
+        },
+    }
+    for where in (MINT_PATH, mint.parse_path("m/F=gpt-4/PHF=x/max5_p2/reasoning/gsm8k/results.jsonl")):
+        try:
+            mint.convert(record, where, file="x/results.jsonl", line=1)
+        except ImporterError as err:
+            assert err.issues and err.issues[0].file
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    actions=st.lists(st.sampled_from(["SHOW TABLES", "blocked", "submit", "execute[ls]"]) | JSON, max_size=4),
+    observations=st.lists(st.sampled_from(["[]", "Error executing query: x"]) | JSON, max_size=4),
+    rewards=st.lists(st.sampled_from([0, 0.5, 1.0]) | JSON, max_size=4),
+    valid=st.lists(st.booleans() | JSON, max_size=4),
+    strategy=st.sampled_from(["multiturn", "react", "plan_solve"]),
+)
+def test_intercode_runs(actions: Any, observations: Any, rewards: Any, valid: Any, strategy: Any) -> None:
+    run = {
+        "environment": "ic_sql",
+        "dataset": "./data/spider/dev_spider.json",
+        "task_id": 1,
+        "query": "q",
+        "turn_history": {
+            "actions": actions,
+            "observations": observations,
+            "rewards": rewards,
+            "valid_action": valid,
+            "thoughts": ["t"],
+        },
+        "summary": {"turns_max": 3},
+    }
+    source = intercode.LogFile(path="sql/m/f.json", model="m", strategy=strategy, refine_turns=1)
+    try:
+        intercode.convert(run, source, "0")
+    except ImporterError as err:
+        assert err.issues and err.issues[0].file

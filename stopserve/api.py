@@ -174,7 +174,9 @@ class DecideResponse(BaseModel):
     cost_to_go: float | None = None
     turn: int
     safety_net: str | None = Field(default=None, description="Which safety net fired, if any.")
-    rule: str | None = Field(default=None, description="Which base rule of the policy stopped the run, if any.")
+    rule: str | None = Field(
+        default=None, description="Which base rule of the policy stopped the run, if any."
+    )
     limit: Literal["turns", "seconds", "tokens", "usd"] | None = None
     pattern: str | None = Field(default=None, description="Loop pattern, when the loop detector fired.")
     finalize: bool = Field(description="True on stop: produce your best final answer now.")

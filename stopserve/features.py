@@ -89,7 +89,10 @@ LOOP_PATTERNS: Final[tuple[str, ...]] = (
     "monologue",
     "alternating_actions",
     "repeated_cycle",
+    "repeated_reply",
 )
+#: Event ids kept per agent for the repeated-reply report.
+_REPLY_ID_WINDOW: Final = 8
 
 FEATURE_NAMES: Final[tuple[str, ...]] = (
     # progress
@@ -127,6 +130,7 @@ FEATURE_NAMES: Final[tuple[str, ...]] = (
     "monologue_run",
     "alternation_len",
     "cycle_repeats",
+    "repeated_reply_run",
     # consensus
     "consensus_share",
     "consensus_agents",
@@ -185,6 +189,7 @@ FEATURE_GROUPS: Final[dict[str, tuple[str, ...]]] = {
         "monologue_run",
         "alternation_len",
         "cycle_repeats",
+        "repeated_reply_run",
     ),
     "consensus": ("consensus_share", "consensus_agents"),
     "rewards": ("reward_latest", "reward_best", "reward_delta", "turns_since_best", "tokens_since_best"),
@@ -312,6 +317,10 @@ class RunState:
         "_ref_counts",
         "_ref_window",
         "_refs_recent",
+        "_reply_agent",
+        "_reply_ids",
+        "_reply_last",
+        "_reply_run",
         "_rejected",
         "_same_err_run",
         "_same_res_run",
@@ -380,6 +389,12 @@ class RunState:
         self._mono_agent: str | None = None
         self._mono_ref: str | None = None
         self._mono_ids: deque[str] = deque(maxlen=LOOP_ID_WINDOW)
+        # repeated reply: per agent, its latest reply's ref and how often it came in a row
+        # (other agents may speak between); a reply is a message or a return answering no action
+        self._reply_last: dict[str, str] = {}
+        self._reply_run: dict[str, int] = {}
+        self._reply_ids: dict[str, deque[str]] = {}
+        self._reply_agent: str | None = None
         # repeated cycle: event signatures of the last CYCLE_MAX_PERIOD events
         # hashes of event signatures (a 64-bit collision is as likely as a cosmic ray)
         self._sigs: deque[int] = deque(maxlen=CYCLE_MAX_PERIOD)
@@ -565,6 +580,9 @@ class RunState:
                 self._err_window.append(False)
                 self._err_consec = 0
 
+        if kind == "communicate" or (kind == "return" and self._pending_action is None):
+            self._reply(agent, ref, eid)
+
         # monologue: the same message by one agent, nothing in between
         if kind == "communicate":
             if ref is not None and self._mono_run and ref == self._mono_ref and agent == self._mono_agent:
@@ -624,6 +642,28 @@ class RunState:
         self._tokens_last_turn = tokens - self._tokens_at_turn
         self._tokens_at_turn = tokens
         return True
+
+    def _reply(self, agent: str, ref: str | None, eid: str) -> None:
+        """An agent's reply (a message, or a result that answers no action): count repeats per agent."""
+        last = self._reply_last
+        if agent not in last and len(last) >= self._max_agents:
+            return
+        self._reply_agent = agent
+        ids = self._reply_ids.get(agent)
+        if ids is None:
+            ids = self._reply_ids[agent] = deque(maxlen=_REPLY_ID_WINDOW)
+        if ref is None:
+            self._reply_run[agent] = 0
+            last.pop(agent, None)
+            ids.clear()
+            return
+        if last.get(agent) == ref:
+            self._reply_run[agent] += 1
+        else:
+            self._reply_run[agent] = 1
+            last[agent] = ref
+            ids.clear()
+        ids.append(eid)
 
     def _complete(self, action: Event, result_id: str | None, result_ref: str | None, failed: bool) -> None:
         """Record one finished (action, result) pair and update the loop run lengths."""
@@ -766,6 +806,7 @@ class RunState:
             self._mono_run,
             self._alt_len,
             self._cycle_repeats(),
+            self.loop_run("repeated_reply"),
             self._consensus_max / n_agents_ret if n_agents_ret else _NAN,
             n_agents_ret,
             _NAN if latest is None else latest,
@@ -854,6 +895,9 @@ class RunState:
         ``repeated_action_error``: the same action failing in a row;
         ``monologue``: the same message by one agent with nothing between;
         ``alternating_actions``: actions in an A-B-A-B... alternation;
+        ``repeated_reply``: the latest reply's agent gave the same reply this many times in a
+        row, other agents' events allowed between (a reply is a ``communicate``, or a
+        ``return`` that answers no pending action: a text-only agent handing its turn back);
         ``repeated_cycle``: full repeats of the latest stretch of 2 to
         ``CYCLE_MAX_PERIOD`` events (same agent, type, tool, recipient, content ref,
         reward value and error flag), counted only when the stretch holds a content ref
@@ -869,6 +913,9 @@ class RunState:
             return self._alt_len
         if pattern == "repeated_cycle":
             return self._cycle_repeats()
+        if pattern == "repeated_reply":
+            agent = self._reply_agent
+            return 0 if agent is None else self._reply_run.get(agent, 0)
         raise KeyError(pattern)
 
     def _cycle_repeats(self) -> int:
@@ -890,6 +937,9 @@ class RunState:
         """Ids of the events in the current run of ``pattern`` (the latest 64 at most)."""
         if pattern == "monologue":
             return list(self._mono_ids) if self._mono_run else []
+        if pattern == "repeated_reply":
+            agent = self._reply_agent
+            return list(self._reply_ids.get(agent, ())) if agent is not None else []
         if pattern == "repeated_cycle":
             if not self._cycle_repeats():
                 return []

@@ -82,6 +82,8 @@ class LoopConfig(BaseModel):
     * ``repeated_action_error``: the same action failing this many times in a row;
     * ``monologue``: the same message by one agent this many times, nothing between;
     * ``alternating_actions``: this many actions alternating A-B-A-B... (with results);
+    * ``repeated_reply``: one agent gives the same reply this many times in a row, other
+      agents speaking between (a text-only team stuck on one answer);
     * ``repeated_cycle``: the latest stretch of at most 24 events (any types, one holding a
       content ref) repeated this many times in full, e.g. a debate round whose messages,
       answer and score come back unchanged.
@@ -101,13 +103,20 @@ class LoopConfig(BaseModel):
     monologue: int = Field(default=3, ge=0)
     alternating_actions: int = Field(default=6, ge=0)
     repeated_cycle: int = Field(default=3, ge=0)
+    repeated_reply: int = Field(default=3, ge=0)
 
     @field_validator("*", mode="before")
     @classmethod
     def _null_is_off(cls, value: Any) -> Any:
         return 0 if value is None else value
 
-    @field_validator("repeated_action_observation", "repeated_action_error", "monologue", "repeated_cycle")
+    @field_validator(
+        "repeated_action_observation",
+        "repeated_action_error",
+        "monologue",
+        "repeated_cycle",
+        "repeated_reply",
+    )
     @classmethod
     def _at_least_two(cls, value: int) -> int:
         if value == 1:

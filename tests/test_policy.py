@@ -121,7 +121,11 @@ def test_vectorised_stop_flags_agree_with_decide(learned: dict[str, Policy]) -> 
     share=st.tuples(st.floats(0, 3), st.floats(0, 3)),
 )
 def test_the_stop_never_moves_later_when_cost_weighs_more(
-    learned: dict[str, Policy], seed: int, success: bool, lams: tuple[float, float], share: tuple[float, float]
+    learned: dict[str, Policy],
+    seed: int,
+    success: bool,
+    lams: tuple[float, float],
+    share: tuple[float, float],
 ) -> None:
     trace = synth_trace(seed, random.Random(seed), success=success)
     lo, hi = sorted(lams)
@@ -147,7 +151,9 @@ def test_cost_weight_modes() -> None:
     w1, _ = cost_weight(3.0, 4, 8.0, lam=None, cost_share=0.3, mean_cost=None)
     w2, _ = cost_weight(3.0, 4, 8e6, lam=None, cost_share=0.3, mean_cost=None)
     assert w1 == w2 == pytest.approx(0.3 * 3 / 7)
-    arr, _ = cost_weight(np.array([3.0, 0.0]), np.array([4, 0]), np.array([8.0, 0.0]), lam=0.5, cost_share=None, mean_cost=None)
+    arr, _ = cost_weight(
+        np.array([3.0, 0.0]), np.array([4, 0]), np.array([8.0, 0.0]), lam=0.5, cost_share=None, mean_cost=None
+    )
     assert arr.tolist() == pytest.approx([3.0, 0.0])
 
 
@@ -155,7 +161,9 @@ def test_min_turns_vetoes_model_stops(learned: dict[str, Policy]) -> None:
     strict = SafetyConfig(min_turns=1000, loop=None)
     for seed in range(5):
         trace = synth_trace(seed, random.Random(seed), success=False)
-        assert all(d.action == "continue" for d in _walk(learned["behavior"], trace, safety=strict, lam=100.0))
+        assert all(
+            d.action == "continue" for d in _walk(learned["behavior"], trace, safety=strict, lam=100.0)
+        )
 
 
 def test_safety_nets_win_and_are_never_explored(learned: dict[str, Policy]) -> None:
@@ -257,9 +265,13 @@ def test_bad_manifests_are_refused(tmp_path: Path) -> None:
     text = booster.model_to_string()
     names = {"feature_names": list(FEATURE_NAMES)}
     with pytest.raises(ModelIntegrityError, match="method"):
-        Policy.load(save_model_dir(tmp_path / "m", {"kind": "model", "method": "magic", **names}, {"g": text}))
+        Policy.load(
+            save_model_dir(tmp_path / "m", {"kind": "model", "method": "magic", **names}, {"g": text})
+        )
     with pytest.raises(ModelIntegrityError, match="missing k"):
-        Policy.load(save_model_dir(tmp_path / "k", {"kind": "model", "method": "behavior", **names}, {"g": text}))
+        Policy.load(
+            save_model_dir(tmp_path / "k", {"kind": "model", "method": "behavior", **names}, {"g": text})
+        )
 
 
 def test_raw_batch_needs_a_model() -> None:

@@ -147,6 +147,9 @@ def test_an_error_between_successes_resets() -> None:
     assert SafetyConfig().check(s) is None
 
 
+MONO_ONLY = SafetyConfig.from_dict({"loop": {"repeated_reply": 0}})
+
+
 def test_monologue_three_times_nothing_between() -> None:
     s = RunState()
     s.fold(ev(0, "communicate", content_ref="hmm"))
@@ -154,11 +157,11 @@ def test_monologue_three_times_nothing_between() -> None:
     s.fold(ev(2, "return", agent="b"))  # something between resets
     for i in range(3, 5):
         s.fold(ev(i, "communicate", content_ref="hmm"))
-    assert SafetyConfig().check(s) is None
+    assert MONO_ONLY.check(s) is None
     s.fold(ev(5, "communicate", content_ref="hmm", agent="other"))  # another agent resets too
     s.fold(ev(6, "communicate", content_ref="hmm", agent="other"))
     s.fold(ev(7, "communicate", content_ref="hmm", agent="other"))
-    stop = SafetyConfig().check(s)
+    stop = MONO_ONLY.check(s)
     assert stop is not None and stop.pattern == "monologue" and stop.events == ["e5", "e6", "e7"]
 
 
@@ -372,3 +375,27 @@ def test_first_stop_replays_the_run_budget() -> None:
     turn, index, stop = found
     assert (turn, index, stop.limit, stop.reason) == (4, 3, "turns", "budget_exhausted")
     assert SafetyConfig().first_stop(trace.model_copy(update={"budget": None})) is None
+
+
+def test_repeated_reply_one_agent_repeats_itself_while_others_speak() -> None:
+    s = RunState()
+    for i in range(3):
+        s.fold(ev(2 * i, "return", agent="coder", content_ref="same answer"))  # a text reply, no action
+        s.fold(ev(2 * i + 1, "return", agent="critic", content_ref=f"critique {i}"))  # varies
+    assert s.loop_run("repeated_reply") == 1  # the latest reply is the critic's
+    s.fold(ev(6, "return", agent="coder", content_ref="same answer"))
+    stop = SafetyConfig().check(s)
+    assert stop is not None and stop.pattern == "repeated_reply" and stop.reason == "loop_detected"
+    assert stop.events == ["e0", "e2", "e4", "e6"]
+
+
+def test_repeated_reply_ignores_tool_results_and_resets_on_new_content() -> None:
+    s = RunState()
+    for i in range(5):  # the same output of different actions: results, not replies
+        s.fold(ev(2 * i, "tool_use", content_ref=f"cmd{i}"))
+        s.fold(ev(2 * i + 1, "return", agent="env", content_ref="ok"))
+    assert s.loop_run("repeated_reply") == 0 and SafetyConfig().check(s) is None
+    s.fold(ev(20, "communicate", agent="x", content_ref="a"))
+    s.fold(ev(21, "communicate", agent="x", content_ref="b"))
+    s.fold(ev(22, "communicate", agent="x", content_ref="b"))
+    assert s.loop_run("repeated_reply") == 2

@@ -61,9 +61,7 @@ def test_evaluating_the_written_model_on_its_training_set_gives_the_guards_figur
     out = fitted.save(tmp_path / "m")
     policy = Policy.load(out)
     report = evaluate(policy, traces, lam=2.0, n_boot=50)
-    assert report["policies"]["learned"]["value"] == pytest.approx(
-        fitted.guard_["in_sample_value"], abs=1e-9
-    )
+    assert report["policies"]["learned"]["value"] == pytest.approx(fitted.guard_["in_sample_value"], abs=1e-9)
 
 
 def test_cross_validated_values_are_replays(fitted: PolicyLearner) -> None:
@@ -124,7 +122,9 @@ def test_optimal_method_fits_c_and_serves_it(traces: list[Trace], tmp_path: Path
     out = learner.save(tmp_path / "opt")
     policy = Policy.load(out)
     report = evaluate(policy, traces[:100], lam=2.0, n_boot=50)
-    assert report["policies"]["learned"]["value"] == pytest.approx(learner.guard_["in_sample_value"], abs=1e-9)
+    assert report["policies"]["learned"]["value"] == pytest.approx(
+        learner.guard_["in_sample_value"], abs=1e-9
+    )
 
 
 def test_k_target_is_scale_free() -> None:

@@ -65,7 +65,7 @@ def test_decide_agrees_with_the_vectorised_values(learned: dict[str, Policy]) ->
     for name, policy in learned.items():
         kw = {"cost_share": 0.3} if name == "per_run" else {"lam": 2.0}
         raw = policy.raw_batch(dp.X)
-        v, ctg, _ = policy.values(raw, dp.turn, dp.c_raw if name == "per_run" else dp.c, **kw)
+        v, _, _ = policy.values(raw, dp.turn, dp.c_raw, **kw)
         got = []
         for tr in traces:
             got += [d.v_stop for d in _walk(policy, tr, safety=NO_LOOP, **kw)]

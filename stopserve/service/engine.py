@@ -359,7 +359,7 @@ class Engine:
                 [Issue(f"at most {self.settings.max_events_per_request} events per request", path="runs")],
             )
 
-    def _decide(
+    def _decide(  # noqa: PLR0917
         self,
         policy: Policy,
         state: RunState,

@@ -442,12 +442,12 @@ class PolicyLearner:
         if self.lam is None and share is None:
             share = DEFAULT_COST_SHARE
         if per_run:
-            lam_value, replay_kw = float(share or 0.0), {"cost_share": share}
+            lam_value, arg_lam, arg_share = float(share or 0.0), None, share
         elif self.lam is not None:
-            lam_value, replay_kw = float(self.lam), {"lam": float(self.lam)}
+            lam_value, arg_lam, arg_share = float(self.lam), float(self.lam), None
         else:
             lam_value = float(share or 0.0) / mean_cost if mean_cost > 0 else 0.0
-            replay_kw = {"lam": lam_value}
+            arg_lam, arg_share = lam_value, None
             if mean_cost <= 0:
                 notes.append(f"no trace carries any cost in {dp.cost_unit}: the cost share has no effect")
         n_groups = int(np.unique(dp.group).size)
@@ -530,7 +530,9 @@ class PolicyLearner:
             )
 
         def v_of(method: str, raw: Mapping[str, FloatArray], rows: IntArray | slice) -> FloatArray:
-            v, _, _ = template(method).values(raw, dp.turn[rows], dp.c_raw[rows], **replay_kw)
+            v, _, _ = template(method).values(
+                raw, dp.turn[rows], dp.c_raw[rows], lam=arg_lam, cost_share=arg_share
+            )
             return np.asarray(v, dtype=np.float64)
 
         # --------------------------------------------------------- optimal: fitted backward induction
@@ -576,7 +578,7 @@ class PolicyLearner:
                 fold_choice.append({"base": base_name, "deviates": False})
                 continue
             method, t = choice
-            manifest = {
+            fold_manifest = {
                 **self._value_manifest(method, dp, mean_cost, share, lam_value),
                 **_rule_fields(base, t),
             }
@@ -584,7 +586,7 @@ class PolicyLearner:
                 Policy(
                     kind="model",
                     safety=nets,
-                    manifest=manifest,
+                    manifest=fold_manifest,
                     rule=base.to_safety_config(),
                     boosters={n: fold.boosters[n] for n in METHOD_MODELS[method]},
                 )
@@ -600,7 +602,8 @@ class PolicyLearner:
             iter(source),
             dp,
             lambda i: [fold_policies[trace_fold[i]], *heur_policies[trace_fold[i]].values()],
-            **replay_kw,
+            lam=arg_lam,
+            cost_share=arg_share,
         )
         if bar is not None:
             bar.update(1)
@@ -690,7 +693,7 @@ class PolicyLearner:
 
         # --------------------------------------------------------- in-sample replay of what ships
         shipped = Policy.from_manifest(manifest, models, source="trained policy")
-        in_rows = replay_decide(iter(source), dp, lambda i: [shipped], **replay_kw)[0]
+        in_rows = replay_decide(iter(source), dp, lambda i: [shipped], lam=arg_lam, cost_share=arg_share)[0]
         in_sample = replay_rows(dp, in_rows, lam_value)
         if bar is not None:
             bar.update(1)
@@ -704,7 +707,7 @@ class PolicyLearner:
                 "only the safety nets (loop detector, quality_met, budgets) and the orchestrator's proposed "
                 "stops end runs"
             )
-        guard = {
+        guard: dict[str, Any] = {
             "learned_cv_value": policies["learned"]["value"],
             "best_heuristic": best_heur,
             "best_heuristic_cv_value": policies[best_heur]["value"],
@@ -716,9 +719,13 @@ class PolicyLearner:
             "shipped": "learned model" if ship_model else f"heuristic {best_heur}",
             "shipped_rule": final_heur.rule.describe(dp.cost_unit),
             "in_sample_value": in_sample.mean_value,
-            "in_sample_replay": {"labels_from_rewards": labels_from_rewards, **replay_kw},
+            "in_sample_replay": {
+                "labels_from_rewards": labels_from_rewards,
+                "lambda": arg_lam,
+                "cost_share": arg_share,
+            },
         }
-        cv = {
+        cv: dict[str, Any] = {
             "folds": k,
             "group_by": group_by,
             "groups": n_groups,

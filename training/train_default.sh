@@ -1,61 +1,68 @@
 #!/usr/bin/env bash
 # Train the shipped default model into models/default, reproducibly (same inputs + seed -> same model).
 #
-#   training/train_default.sh                 # from the repository root, after `pip install -e '.[all]'`
-#   N=2000 SEED=10 LAMBDA=0.1 training/train_default.sh
+#   training/train_default.sh            # from the repository root, after `pip install -e '.[all]'`,
+#                                        # with the shared data at ../shared/data
 #
-# Inputs: N simulated orchestration traces of every topology (`stopserve simulate --run-to-cap
-# --optimal`: every run goes on to its hard cap with every prefix graded, issue 7's exactly
-# evaluable logs), trained with `--method optimal` (fitted backward induction) at LAMBDA per
-# thousand tokens. Measured on fresh traces this closes 90+ % of the behavior->optimum gap in most
-# topologies (docs/simulator.md, "End to end").
-#
-# The real SWE runs are NOT mixed in: at any lambda that makes the simulator's stop decision
-# non-trivial (0.1 per ktoken, a round costs ~0.2 ktokens) a real run of ~600k tokens costs more
-# than a success is worth, so its rows only teach "stop at once"; and q = 0 until the patch lands
-# there. The previous default mixed them in and the learned policy lost to a cost cap. Users set
-# their own trade-off per request with "lambda" (tau is tuned at 0..10 x LAMBDA).
+# Corpus: the TRAINING side of every real set we have (held-out sides stay out, so
+# docs/training.md and bench/RESULTS.md can measure the default on them), balanced so no
+# system dominates, plus simulated runs of six topologies:
+#   - SWE-bench Verified runs, mini-swe-agent + gemini-3-pro: the django runs (all);
+#   - MINT, 24 models x 6 task families, one- and two-agent: MINT_N runs of the training tasks;
+#   - InterCode SQL and Bash, 4 models x 3 prompting strategies: IC_N runs of the training tasks;
+#   - `stopserve simulate --run-to-cap`: SIM_N runs.
+# Trained to transfer to systems it has never seen (docs/training.md, "The default model"):
+#   --cost-scale per-run   costs normalised per data set; served, lambda comes from each run's own
+#                          expected total cost, so a 1k-token system and a 1M-token one weigh alike
+#   --features scale-free  no absolute sizes (tokens, dollars, seconds) and no topology
+#   --cost-share 0.3       "a whole run costs 30% of what a success is worth" (a request can say otherwise)
+# and its base rule can only be a reward threshold or the loop detector (no turn or cost cap).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=${N:-2000}
-SEED=${SEED:-10}
-LAMBDA=${LAMBDA:-0.1}
+SHARED=${SHARED:-../shared/data}
 OUT=${OUT:-models/default}
+MINT_N=${MINT_N:-4000}
+IC_N=${IC_N:-4000}
+SIM_N=${SIM_N:-2000}
+SEED=${SEED:-0}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-stopserve simulate --n "$N" --seed "$SEED" --run-to-cap --optimal --lambda "$LAMBDA" -o "$work/simulated.jsonl"
+python - "$SHARED" "$work" "$MINT_N" "$IC_N" <<'PY'
+import sys
+from pathlib import Path
+from stopserve.training.corpus import REAL_SETS, import_set, split_file, subsample_file
 
-stopserve train "$work/simulated.jsonl" -o "$work/model" --method optimal --cost-unit ktokens \
-  --lambda "$LAMBDA" --seed 0 --no-progress
+shared, work, mint_n, ic_n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+limits = {"swe": None, "mint": mint_n, "intercode": ic_n}
+for name, spec in REAL_SETS.items():
+    full = import_set(name, shared, work / "imported")
+    train, test = work / f"{name}-train.jsonl", work / f"{name}-test.jsonl"
+    n_train, n_test = split_file(full, train, test, spec.split_by)
+    kept = n_train if limits[name] is None else subsample_file(train, train, limits[name])
+    print(f"{name}: {n_train} training runs ({kept} kept), {n_test} held out", file=sys.stderr)
+PY
+stopserve simulate --n "$SIM_N" --seed 10 --run-to-cap -o "$work/sim-train.jsonl"
 
-# measured on N fresh traces (next seed): per topology, the share of the behavior->optimum gap closed
-stopserve simulate --n "$N" --seed "$((SEED + 1))" --run-to-cap --optimal --lambda "$LAMBDA" -o "$work/test.jsonl"
-python -m stopserve.training.gap_report "$work/model" "$work/test.jsonl" --lambda "$LAMBDA" --json > "$work/gap.json"
+stopserve train "$work/swe-train.jsonl" "$work/mint-train.jsonl" "$work/intercode-train.jsonl" \
+  "$work/sim-train.jsonl" -o "$work/model" --cost-scale per-run --cost-share 0.3 --features scale-free \
+  --seed "$SEED" --no-progress
 
 # record how the model was made in its manifest (and so in the generated, hashed MODEL_CARD.md)
-python - "$work/model" "$N" "$SEED" "$work/gap.json" "$LAMBDA" <<'PY'
-import json
+python - "$work/model" "$MINT_N" "$IC_N" "$SIM_N" "$SEED" <<'PY'
 import sys
 from stopserve.artifacts import load_model_dir, save_model_dir
 
-path, n, seed, gap_path, lam = sys.argv[1:]
-with open(gap_path, encoding="utf-8") as fh:
-    gap = json.load(fh)["per_topology"]
+path, mint_n, ic_n, sim_n, seed = sys.argv[1:]
 art = load_model_dir(path)
 manifest = {k: v for k, v in art.manifest.items() if k not in ("format", "files")}
-data = manifest.get("training_data")
-data = dict(data) if isinstance(data, dict) else {}
-data["command"] = f"N={n} SEED={seed} LAMBDA={lam} training/train_default.sh"
+data = dict(manifest.get("training_data") or {})
+data["command"] = f"MINT_N={mint_n} IC_N={ic_n} SIM_N={sim_n} SEED={seed} training/train_default.sh"
 data["sources"] = (
-    f"stopserve simulate --n {n} --seed {seed} --run-to-cap --optimal --lambda {lam} "
-    "(every topology; no real runs: see training/train_default.sh)"
-)
-data["gap_closed_on_fresh_traces"] = (
-    f"lambda {lam} per ktoken, {n} traces of seed {int(seed) + 1}, exact (run to cap); "
-    "share of the behavior->optimum gap closed: "
-    + ", ".join(f"{t} {r['gap_closed']:.1%}" for t, r in gap.items())
-    + " (python -m stopserve.training.gap_report)"
+    "training sides only (stopserve.training.corpus): SWE-bench Verified django runs (mini-swe-agent, "
+    f"gemini-3-pro); MINT, {mint_n} runs of the training tasks (24 models, 6 task families, one- and "
+    f"two-agent); InterCode SQL and Bash, {ic_n} runs of the training tasks (4 models, 3 strategies); "
+    f"{sim_n} simulated runs (stopserve simulate --run-to-cap --seed 10, six topologies)"
 )
 manifest["training_data"] = data
 save_model_dir(path, manifest, art.models)

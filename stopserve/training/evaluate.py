@@ -249,15 +249,13 @@ def evaluate(
     # heuristics: tuned on the training side, or cross-fitted by group
     heuristic_params: dict[str, Any]
     if tune_dp is not None:
-        tuned = tune_heuristics(tune_dp, value_lam, cost_cap=not _per_run(model_policy))
+        tuned = tune_heuristics(tune_dp, value_lam)
         tuning = f"tuned on {tune_dp.n_traces} --tune-on traces"
         heuristic_params = {name: h.to_dict() for name, h in tuned.items()}
         heur_for = [[tuned[h].policy() for h in HEURISTICS]]
         fold = np.zeros(dp.n_traces, dtype=np.int64)
     else:
-        fold, per_fold = cross_fit_heuristics(
-            dp, value_lam, folds=folds, seed=seed, cost_cap=not _per_run(model_policy)
-        )
+        fold, per_fold = cross_fit_heuristics(dp, value_lam, folds=folds, seed=seed)
         k = len(per_fold)
         tuning = f"cross-fitted: tuned on the other {k - 1} of {k} folds grouped by {group_by}"
         notes.append(f"no --tune-on traces: heuristics {tuning}, never on the traces they are scored on")
@@ -278,8 +276,6 @@ def evaluate(
                     extra.append(_Fixed(model_policy, float(lam or 0.0) * m, None))
                 sweep_meta.append(("learned", m))
         for name in ("turn_cap", "cost_cap", "reward_threshold"):
-            if name == "cost_cap" and _per_run(model_policy):
-                continue
             for x, th in _sweep_rules(dp, name, dp.cost_unit):
                 extra.append(th.policy())
                 sweep_meta.append((name, x))
@@ -367,11 +363,6 @@ def evaluate(
             )
         report["sweeps"] = sweeps
     return report
-
-
-def _per_run(policy: Policy | None) -> bool:
-    scale = (policy.manifest.get("cost_scale") or {}) if policy is not None else {}
-    return isinstance(scale, dict) and scale.get("kind") == "per_run"
 
 
 # --------------------------------------------------------------------------- chart

@@ -29,8 +29,9 @@ What cost is worth: ``lam`` (per cost unit) or ``cost_share`` s ("a whole behavi
 run costs s of what a success is worth", resolved to λ = s / the mean logged cost,
 recorded in the manifest; the default is s = 0.3). ``cost_scale="per_run"`` trains a
 model meant to serve systems it has never seen: costs are normalised per data set,
-the base rule cannot use a cost cap, and served, λ comes from each run's own expected
-total cost (``stopserve.policy``).
+the base rule can only be one that means the same on any system (a reward threshold,
+the loop detector: no turn or cost cap), and served, λ comes from each run's own
+expected total cost (``stopserve.policy``).
 """
 
 from __future__ import annotations
@@ -517,7 +518,7 @@ class PolicyLearner:
             cross_fit(targets["s"])
 
         # the best heuristic of each fold, tuned on the fold's training traces
-        _, fold_heur = cross_fit_heuristics(dp, lam_value, min_turns=1, cost_cap=not per_run, fold=trace_fold)
+        _, fold_heur = cross_fit_heuristics(dp, lam_value, min_turns=1, transferable=per_run, fold=trace_fold)
         heur_all = _tune_all(dp, lam_value, per_run)
         best_all = max(HEURISTICS, key=lambda h: heur_all[h].value)
 
@@ -805,7 +806,7 @@ class PolicyLearner:
 def _tune_all(dp: DecisionPoints, lam: float, per_run: bool) -> dict[str, TunedHeuristic]:
     from stopserve.training.heuristics import tune_heuristics
 
-    return tune_heuristics(dp, lam, min_turns=1, cost_cap=not per_run)
+    return tune_heuristics(dp, lam, min_turns=1, transferable=per_run)
 
 
 def _rule_fields(base: TunedHeuristic, tuned: Tuned) -> dict[str, Any]:

@@ -282,7 +282,7 @@ def tune_heuristics(
     *,
     min_turns: int = DEFAULT_MIN_TURNS,
     rounds: int = 3,
-    cost_cap: bool = True,
+    transferable: bool = False,
 ) -> dict[str, TunedHeuristic]:
     """Tune every baseline to the best mean value on ``dp`` at ``lam``.
 
@@ -290,13 +290,15 @@ def tune_heuristics(
     coordinate ascent from the best single net (it is never below any single
     one). A net that does not help is left off: e.g. ``reward_threshold`` with
     no reward events is "never stop", worth the behavior value. Every candidate is
-    replayed as it would be served (:func:`policy_mask`). ``cost_cap=False`` leaves
-    cost caps out (costs normalised per data set have no absolute cap to serve).
+    replayed as it would be served (:func:`policy_mask`). ``transferable`` keeps only
+    rules that mean the same on any system, the reward threshold (rewards are in [0, 1])
+    and the loop detector: a turn or cost cap tuned on one system's runs would cut
+    another's, whose runs are ten times longer or dearer.
     """
     if lam < 0 or not math.isfinite(lam):
         raise TrainingError(f"lambda must be a finite number >= 0, got {lam}")
     base = HeuristicRule(min_turns=min_turns)
-    params = {k: v for k, v in _SINGLE.items() if cost_cap or v != "cost_cap"}
+    params = {k: v for k, v in _SINGLE.items() if not transferable or v in ("reward_threshold", "loop")}
     out: dict[str, TunedHeuristic] = {}
     for name, param in _SINGLE.items():
         if param in params.values():
@@ -350,7 +352,7 @@ def cross_fit_heuristics(
     folds: int = 5,
     seed: int = 0,
     min_turns: int = DEFAULT_MIN_TURNS,
-    cost_cap: bool = True,
+    transferable: bool = False,
     fold: IntArray | None = None,
 ) -> tuple[IntArray, list[dict[str, TunedHeuristic]]]:
     """Every baseline tuned once per fold without that fold's groups (grouped k-fold).
@@ -365,7 +367,9 @@ def cross_fit_heuristics(
     tuned: list[dict[str, TunedHeuristic]] = []
     for f in range(int(fold.max()) + 1):
         tuned.append(
-            tune_heuristics(dp.subset(all_traces[fold != f]), lam, min_turns=min_turns, cost_cap=cost_cap)
+            tune_heuristics(
+                dp.subset(all_traces[fold != f]), lam, min_turns=min_turns, transferable=transferable
+            )
         )
     return fold, tuned
 

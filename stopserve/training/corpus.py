@@ -1,0 +1,137 @@
+"""The real data sets the project measures itself on, and their held-out splits.
+
+Every decision-quality figure on real runs (``docs/training.md``, ``bench/RESULTS.md``,
+the default model's card) is made from these sets, split the same way
+(``../shared/spec/evaluation-protocol.md``: train and test never share a task):
+
+==========  =======================================  ==================  ===============
+set         source (under ``../shared/data``)         importer            held out
+==========  =======================================  ==================  ===============
+swe         ``swe-verified-gemini3-train``           ``mini-swe-agent``  repositories
+mint        ``mint-train``                           ``mint``            tasks; models
+intercode   ``intercode-train``                      ``intercode``       tasks; models
+sim         ``stopserve simulate --run-to-cap``      (simulator)         fresh seed
+==========  =======================================  ==================  ===============
+
+A split is a pure function of the trace (a hash of its task id, repository or
+system), so the same trace always lands on the same side, whatever order or subset
+is read: ``split_file`` writes both sides of a JSON Lines file. SWE runs are held
+out by repository (``django`` trains; the six other repositories test).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import orjson
+
+from stopserve.errors import TrainingError
+
+__all__ = ["REAL_SETS", "RealSet", "held_out", "import_set", "split_file", "subsample_file"]
+
+
+@dataclass(frozen=True)
+class RealSet:
+    """One real data set: where it lives, how it imports, how it is grouped and split."""
+
+    name: str
+    source: str
+    importer: str
+    group_by: str
+    #: what a held-out split keeps apart: "task" (hash of the task id), "repo", "system"
+    split_by: str
+
+
+REAL_SETS: Final[dict[str, RealSet]] = {
+    "swe": RealSet("swe", "swe-verified-gemini3-train", "mini-swe-agent", "repo", "repo"),
+    "mint": RealSet("mint", "mint-train", "mint", "task", "task"),
+    "intercode": RealSet("intercode", "intercode-train", "intercode", "task", "task"),
+}
+
+#: Share of the tasks (or systems) held out for testing.
+TEST_SHARE: Final = 0.2
+
+
+def _unit(text: str, salt: str) -> float:
+    return int(hashlib.sha256(f"{salt}:{text}".encode()).hexdigest()[:12], 16) / float(16**12)
+
+
+def held_out(
+    trace: dict[str, object], by: str, *, share: float = TEST_SHARE, salt: str = "stopserve"
+) -> bool:
+    """Whether a trace (format-v1 JSON data) is on the test side of the split ``by``.
+
+    ``task``: a hash of the task id; ``system``: a hash of the producing system (one
+    model's runs); ``repo``: SWE-bench repositories, ``django`` trains and the others test.
+    """
+    task = str(trace.get("task_id", ""))
+    if by == "repo":
+        return not task.startswith("django__")
+    if by == "system":
+        return _unit(str(trace.get("system") or ""), salt) < share
+    if by == "task":
+        return _unit(task, salt) < share
+    raise TrainingError(f"split by {by!r}: expected task, system or repo")
+
+
+def split_file(src: Path, train: Path, test: Path, by: str, *, share: float = TEST_SHARE) -> tuple[int, int]:
+    """Write the two sides of a JSON Lines trace file; returns (train, test) counts."""
+    n_train = n_test = 0
+    with src.open("rb") as fh, train.open("wb") as a, test.open("wb") as b:
+        for line in fh:
+            if not line.strip():
+                continue
+            if held_out(orjson.loads(line), by, share=share):
+                b.write(line)
+                n_test += 1
+            else:
+                a.write(line)
+                n_train += 1
+    return n_train, n_test
+
+
+def subsample_file(
+    src: Path,
+    dst: Path,
+    n: int,
+    *,
+    keep: Callable[[dict[str, object]], bool] | None = None,
+    salt: str = "sub",
+) -> int:
+    """Keep about ``n`` traces of a JSON Lines file, chosen by a hash of the task id (whole tasks)."""
+    lines = [line for line in src.read_bytes().splitlines() if line.strip()]
+    if keep is not None:
+        lines = [line for line in lines if keep(orjson.loads(line))]
+    if len(lines) <= n:
+        dst.write_bytes(b"\n".join(lines) + b"\n")
+        return len(lines)
+    share = n / len(lines)
+    chosen = [line for line in lines if _unit(str(orjson.loads(line).get("task_id")), salt) < share]
+    dst.write_bytes(b"\n".join(chosen) + b"\n")
+    return len(chosen)
+
+
+def import_set(name: str, shared: Path, out: Path) -> Path:
+    """Import one real set from ``shared`` (the data folder) into ``out/<name>.jsonl`` (cached)."""
+    spec = REAL_SETS[name]
+    src = shared / spec.source
+    if not src.exists():
+        raise TrainingError(f"{src}: not found (the shared data folder holds the real runs)")
+    dst = out / f"{name}.jsonl"
+    if dst.exists() and dst.stat().st_mtime >= src.stat().st_mtime:
+        return dst
+    from stopserve.importers import IMPORTERS
+    from stopserve.trace import TraceWriter
+
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_suffix(".tmp.jsonl")
+    skipped: list[object] = []
+    with TraceWriter(tmp) as writer:
+        for trace in IMPORTERS[spec.importer]([str(src)], on_error=skipped.append):
+            writer.write(trace)
+    tmp.rename(dst)
+    return dst

@@ -29,7 +29,7 @@ _RUNNERS: Final[dict[str, str]] = {
     "serve": "stopserve.service.app:serve_command",
 }
 
-IMPORT_FORMATS: Final = ("survey", "mini-swe-agent", "openai-chat", "otel")
+IMPORT_FORMATS: Final = ("survey", "mini-swe-agent", "openai-chat", "otel", "claude-code", "codex")
 
 
 def _positive_int(text: str) -> int:
@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", metavar="FILE", help="mini-swe-agent: results summary with resolved flags")
     p.add_argument("--reports", metavar="DIR", help="mini-swe-agent: folder of <id>.report.json files")
     p.add_argument("--reward", type=float, help="openai-chat: reward for runs that carry none")
+    p.add_argument(
+        "--labels", metavar="FILE", help="claude-code, codex: session rewards (the hook's labels.jsonl)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("features", help="write the features and labels of every decision point as CSV")

@@ -7,16 +7,17 @@ valid format-v1 traces one at a time; what it cannot convert raises
 ``on_error`` callback is passed, goes to it and is skipped.
 
 >>> sorted(IMPORTERS)
-['mini-swe-agent', 'openai-chat', 'otel', 'survey']
+['claude-code', 'codex', 'mini-swe-agent', 'openai-chat', 'otel', 'survey']
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from stopserve.trace import Trace
+if TYPE_CHECKING:
+    from stopserve.trace import Trace
 
 __all__ = ["IMPORTERS", "MODULES"]
 
@@ -26,6 +27,8 @@ MODULES: Final[dict[str, str]] = {
     "mini-swe-agent": "mini_swe_agent",
     "openai-chat": "openai_chat",
     "otel": "otel",
+    "claude-code": "claude_code",
+    "codex": "codex",
 }
 
 

@@ -1,0 +1,5 @@
+"""``python -m stopserve``: the ``stopserve`` command."""
+
+from stopserve.cli import main
+
+raise SystemExit(main())

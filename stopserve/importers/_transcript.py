@@ -137,6 +137,7 @@ class Facts:
     n_edited_after_test: int = 0
     edits_total: int = 0
     tool_calls: int = 0
+    last_call: str | None = None
     last_error_tool: str | None = None
     last_error: str | None = None
     last_call_failed: bool = False
@@ -160,6 +161,7 @@ class Facts:
 
     def result(self, tool: str, label: str, error: bool, output: str) -> None:
         """A tool call finished."""
+        self.last_call = f"{tool}: {first_line(label)}" if label and label != tool else tool
         self.last_call_failed = error
         if error:
             self.last_error_tool = tool
@@ -228,6 +230,18 @@ class TranscriptMapper:
 
     def _map(self, obj: dict[str, Any]) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def propose_stop(
+        self, ts: float | None, last_message: str | None = None, turn_id: str | None = None
+    ) -> None:
+        """A ``Stop``/``SubagentStop`` hook fired: emit the proposed stop (harness-specific ids)."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def tool_event(
+        self, call_id: str, name: str, tool_input: Any, tool_response: Any, ts: float | None, *, error: bool
+    ) -> None:
+        """A tool call seen in a tool hook's input (``tool_response`` ``None``: not run yet)."""
+        raise NotImplementedError  # pragma: no cover - abstract
 
     # ------------------------------------------------------------------ building blocks
 
@@ -477,7 +491,7 @@ def merge(
     """Events of several transcripts in one time line (stable), ``t`` from the earliest start."""
     starts = [m.t0 for m, _ in parts if m.t0 is not None]
     origin = min(starts) if starts else 0.0
-    keyed = []
+    keyed: list[tuple[float, int, int, dict[str, Any]]] = []
     for n, (mapper, events) in enumerate(parts):
         shift = (mapper.t0 - origin) if mapper.t0 is not None else 0.0
         keyed.extend((e["t"] + shift, n, i, e) for i, e in enumerate(events))

@@ -274,7 +274,9 @@ class ClaudeCodeMapper(TranscriptMapper):
         )
         self._text_uuid = None
 
-    def propose_stop(self, ts: float | None, last_message: str | None = None) -> None:
+    def propose_stop(
+        self, ts: float | None, last_message: str | None = None, turn_id: str | None = None
+    ) -> None:
         """A ``Stop``/``SubagentStop`` hook fired: the agent proposes to stop now.
 
         When the transcript already shows the turn's final text, the stop gets the id the

@@ -83,7 +83,7 @@ def _command(args: Any) -> str | None:
             if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
                 # ["bash", "-lc", "the script"]: the script is what was run
                 if len(value) == 3 and value[1] in ("-lc", "-c"):
-                    return value[2]
+                    return str(value[2])
                 return " ".join(value)
     if isinstance(args, str):
         return args
@@ -284,7 +284,7 @@ class CodexMapper(TranscriptMapper):
                 )
                 return
         elif etype == "token_count":
-            self._tokens(msg.get("info"))
+            self._token_count(msg.get("info"))
         elif etype == "exec_command_end":
             call_id, code = msg.get("call_id"), msg.get("exit_code")
             if isinstance(call_id, str) and isinstance(code, int):
@@ -303,7 +303,7 @@ class CodexMapper(TranscriptMapper):
             return
         self.counts["skipped"] += 1
 
-    def _tokens(self, info: Any) -> None:
+    def _token_count(self, info: Any) -> None:
         total = info.get("total_token_usage") if isinstance(info, dict) else None
         if not isinstance(total, dict):
             return

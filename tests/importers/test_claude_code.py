@@ -23,7 +23,7 @@ REAL = DATA / "c64cc478-3430-40fe-8e9c-4ee9986e9754.jsonl"
 
 def ts(second: float) -> str:
     whole = int(second)
-    return f"2026-03-01T10:{whole // 60:02d}:{whole % 60:02d}.{int(round((second - whole) * 1000)):03d}Z"
+    return f"2026-03-01T10:{whole // 60:02d}:{whole % 60:02d}.{round((second - whole) * 1000):03d}Z"
 
 
 def user(uuid: str, t: float, text: str, **extra: Any) -> dict[str, Any]:
@@ -249,7 +249,7 @@ def test_labels_become_rewards_and_the_cli_imports(
 
 def test_bad_labels_and_missing_sources_are_located(tmp_path: Path) -> None:
     labels = write(tmp_path / "labels.jsonl", [{"session_id": "s"}, "x"])
-    with pytest.raises(ImporterError, match="labels.jsonl:1"):
+    with pytest.raises(ImporterError, match=r"labels\.jsonl:1"):
         list(read(REAL, labels=labels))
     with pytest.raises(ImporterError, match="no such file"):
         list(read(tmp_path / "nope"))

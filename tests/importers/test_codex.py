@@ -14,7 +14,7 @@ DATA = Path(__file__).parent / "data" / "codex"
 
 
 def ts(second: float) -> str:
-    return f"2026-05-02T08:00:{int(second):02d}.{int(round((second % 1) * 1000)):03d}Z"
+    return f"2026-05-02T08:00:{int(second):02d}.{round((second % 1) * 1000):03d}Z"
 
 
 def rec(t: float, kind: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -505,6 +505,23 @@ def merge(
     return out, last
 
 
+def _why_empty(file: Path, counts: Mapping[str, int]) -> str:
+    """Why a transcript gave no events, in the words the other importers use for a bad file."""
+    lines = counts["lines"]
+    if not lines:
+        return "file is empty"
+    if counts["malformed"] == lines:
+        try:
+            with file.open("rb") as fh:
+                binary = b"\x00" in fh.read(8192)
+        except OSError:
+            binary = False
+        if binary:
+            return "binary content (NUL byte): not a transcript"
+        return f"not valid JSON: none of its {lines} line(s) is a JSON object"
+    return f"no events: none of its {lines} line(s) is a message or a tool call"
+
+
 def build_trace(
     session_id: str,
     system: str,
@@ -518,7 +535,7 @@ def build_trace(
 
     events, last_t = merge(parts)
     if not events:
-        raise fail("no events: the transcript holds no messages", file=file)
+        raise fail(_why_empty(file, parts[0][0].counts), file=file)
     ended = events[-1]["type"] == "stop" and events[-1].get("proposed") is True
     reason = "information_complete" if ended else "unknown"
     events.append(

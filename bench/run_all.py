@@ -32,6 +32,7 @@ SECTIONS: list[tuple[str, int]] = [
     ("bench_quality.py", 1800),
     ("bench_simulate.py", 600),
     ("bench_client.py", 300),
+    ("bench_hook.py", 300),
     ("bench_serve.py", 900),
 ]
 

@@ -27,9 +27,25 @@ _RUNNERS: Final[dict[str, str]] = {
     "evaluate": "stopserve.training.evaluate:evaluate_command",
     "simulate": "stopserve.training.simulate:simulate_command",
     "serve": "stopserve.service.app:serve_command",
+    "hook claude-code": "stopserve.hooks.run:hook_command",
+    "hook codex": "stopserve.hooks.run:hook_command",
+    "hook install": "stopserve.hooks.install:install_command",
+    "hook uninstall": "stopserve.hooks.install:uninstall_command",
+    "hook report": "stopserve.hooks.report:report_command",
+    "label": "stopserve.hooks.report:label_command",
 }
+HARNESSES: Final = ("claude-code", "codex")
 
-IMPORT_FORMATS: Final = ("survey", "mini-swe-agent", "openai-chat", "otel", "mint", "intercode")
+IMPORT_FORMATS: Final = (
+    "survey",
+    "mini-swe-agent",
+    "openai-chat",
+    "otel",
+    "mint",
+    "intercode",
+    "claude-code",
+    "codex",
+)
 #: ``stopserve.training.labels.GROUP_BY`` (not imported: the CLI stays light; a test keeps them equal)
 GROUP_BY: Final = ("task", "repo", "system", "dataset")
 
@@ -54,6 +70,65 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a number above 0, got 0")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _json_object(text: str) -> dict[str, object]:
+    """``'{"max_turns": 40}'`` or ``@file.json``: a JSON object."""
+    import orjson
+
+    source = "--safety"
+    if text.startswith("@"):
+        source = text[1:]
+        try:
+            with open(source, "rb") as fh:
+                text = fh.read().decode("utf-8", "replace")
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{source}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _hook_options(p: argparse.ArgumentParser) -> None:
+    import os
+
+    from stopserve.hooks import DEFAULT_URL
+
+    p.add_argument(
+        "--url", default=os.environ.get("STOPSERVE_URL", DEFAULT_URL), help="the service (STOPSERVE_URL)"
+    )
+    p.add_argument(
+        "--mode",
+        choices=("enforce", "shadow"),
+        default=os.environ.get("STOPSERVE_HOOK_MODE", "enforce"),
+        help="shadow: decide and log, never block or end (STOPSERVE_HOOK_MODE)",
+    )
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="offsets, logs, labels (default: user cache dir; STOPSERVE_HOOK_STATE)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (also used by the docs and the tests)."""
     parser = argparse.ArgumentParser(
@@ -76,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", metavar="FILE", help="mini-swe-agent: results summary with resolved flags")
     p.add_argument("--reports", metavar="DIR", help="mini-swe-agent: folder of <id>.report.json files")
     p.add_argument("--reward", type=float, help="openai-chat: reward for runs that carry none")
+    p.add_argument(
+        "--labels", metavar="FILE", help="claude-code, codex: session rewards (the hook's labels.jsonl)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("features", help="write the features and labels of every decision point as CSV")
@@ -163,6 +241,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", metavar="DIR", help="decision and trace log folder (STOPSERVE_LOG_DIR)")
     p.add_argument("--workers", type=_positive_int, help="worker processes (STOPSERVE_WORKERS)")
     p.add_argument("--no-model", action="store_true", help="run on safety nets alone")
+
+    from stopserve.hooks import DEFAULT_MAX_BLOCKS, DEFAULT_TIMEOUT
+
+    p = sub.add_parser("hook", help="stopserve as the Stop and tool hook of Claude Code and Codex CLI")
+    actions = p.add_subparsers(dest="hook_action", metavar="ACTION")
+    actions.required = True
+    for harness in HARNESSES:
+        h = actions.add_parser(harness, help=f"the {harness} hook itself: hook input JSON on stdin")
+        _hook_options(h)
+        h.add_argument(
+            "--timeout",
+            type=_positive_float,
+            default=DEFAULT_TIMEOUT,
+            help=f"seconds per call before letting the agent stop (default {DEFAULT_TIMEOUT})",
+        )
+        h.add_argument(
+            "--max-blocks",
+            type=_non_negative_int,
+            default=DEFAULT_MAX_BLOCKS,
+            help=f"stops blocked in a row within a turn, at most (default {DEFAULT_MAX_BLOCKS})",
+        )
+        h.add_argument(
+            "--lambda", dest="lam", type=_non_negative_float, help="cost weight sent to the service"
+        )
+        h.add_argument(
+            "--safety", type=_json_object, metavar="JSON|@FILE", help="safety-net config for this run"
+        )
+        h.add_argument(
+            "--end-on-model-stop",
+            action="store_true",
+            help="tool hooks also end the run on a model stop (default: safety nets only)",
+        )
+        h.set_defaults(harness=harness)
+    i = actions.add_parser(
+        "install", help="add stopserve's hook entries to a harness's settings (with a backup)"
+    )
+    i.add_argument("harness", choices=HARNESSES)
+    i.add_argument("--project", metavar="DIR", help="the project's settings file instead of the user's")
+    _hook_options(i)
+    i.add_argument("--max-blocks", type=_non_negative_int, help="passed to the hook")
+    u = actions.add_parser("uninstall", help="remove stopserve's hook entries (only those)")
+    u.add_argument("harness", choices=HARNESSES)
+    u.add_argument("--project", metavar="DIR", help="the project's settings file instead of the user's")
+    r = actions.add_parser("report", help="block rate, and how often blocked sessions failed (labels)")
+    r.add_argument("--state-dir", metavar="DIR", help="the hook's state directory")
+    r.add_argument("--fail-below", type=float, default=0.5, help="a reward below this is a failure (0.5)")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("label", help="give a session's outcome: post it to the service, record it locally")
+    p.add_argument("session_id", metavar="SESSION_ID")
+    p.add_argument("--reward", type=float, required=True, help="the session's outcome in [0, 1]")
+    _hook_options(p)
     return parser
 
 
@@ -212,6 +342,10 @@ def _label_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _key(args: argparse.Namespace) -> str:
+    return f"hook {args.hook_action}" if args.command == "hook" else str(args.command)
+
+
 def _runner(command: str) -> Callable[[argparse.Namespace], int]:
     module_name, func = _RUNNERS[command].split(":")
     module = importlib.import_module(module_name)
@@ -223,9 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``stopserve`` console script."""
     args = build_parser().parse_args(argv)
     try:
-        return _runner(args.command)(args)
+        return _runner(_key(args))(args)
     except StopServeError as exc:
-        print(f"stopserve {args.command}: error: {exc}", file=sys.stderr)
+        print(f"stopserve {_key(args)}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

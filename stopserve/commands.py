@@ -81,6 +81,11 @@ def import_traces(args: argparse.Namespace) -> int:
             options["reward"] = args.reward
     elif args.reward is not None:
         raise ImporterError("--reward applies to openai-chat only")
+    if args.format in ("claude-code", "codex"):
+        if args.labels is not None:
+            options["labels"] = args.labels
+    elif args.labels is not None:
+        raise ImporterError("--labels applies to claude-code and codex only")
 
     skipped: list[ImporterError] = []
     out = Path(args.output)

@@ -18,6 +18,7 @@ CLI prints them without a traceback.
     │   ├── RunClosedError
     │   └── RunLimitError          too many events or runs
     ├── TrainingError              the data cannot train or evaluate a policy
+    ├── HookInputError             a harness's hook input (stdin JSON) is not what its protocol says
     └── AuthError                  admin token missing or wrong
 
 Every error can carry :class:`Issue` objects: each names the file, line, trace
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 __all__ = [
     "AuthError",
     "ConfigError",
+    "HookInputError",
     "ImporterError",
     "Issue",
     "ModelError",
@@ -150,6 +152,10 @@ class RunLimitError(RunError):
 
 class TrainingError(StopServeError):
     """The traces given cannot train or evaluate a policy (says what is missing)."""
+
+
+class HookInputError(StopServeError):
+    """A Claude Code or Codex hook input is not what the harness's protocol says."""
 
 
 class AuthError(StopServeError):

@@ -7,16 +7,17 @@ valid format-v1 traces one at a time; what it cannot convert raises
 ``on_error`` callback is passed, goes to it and is skipped.
 
 >>> sorted(IMPORTERS)
-['intercode', 'mini-swe-agent', 'mint', 'openai-chat', 'otel', 'survey']
+['claude-code', 'codex', 'intercode', 'mini-swe-agent', 'mint', 'openai-chat', 'otel', 'survey']
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from stopserve.trace import Trace
+if TYPE_CHECKING:
+    from stopserve.trace import Trace
 
 __all__ = ["IMPORTERS", "MODULES"]
 
@@ -28,6 +29,8 @@ MODULES: Final[dict[str, str]] = {
     "otel": "otel",
     "mint": "mint",
     "intercode": "intercode",
+    "claude-code": "claude_code",
+    "codex": "codex",
 }
 
 

@@ -1,5 +1,8 @@
 """Helpers every importer shares: finding files, loading JSON with located errors,
-content hashes, and turning a converted dict into a valid :class:`Trace`."""
+content hashes, and turning a converted dict into a valid :class:`Trace`.
+
+Importing this module stays light (no pydantic): the ``stopserve hook`` process maps
+transcript lines with the same helpers the importers use."""
 
 from __future__ import annotations
 
@@ -8,12 +11,14 @@ import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 from stopserve.errors import ImporterError, Issue, TraceValidationError
-from stopserve.trace import Trace, parse_trace
+
+if TYPE_CHECKING:
+    from stopserve.trace import Trace
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -178,6 +183,8 @@ def iter_json_records(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> Iterato
 
 def finish(data: dict[str, Any], *, file: str | os.PathLike[str], line: int | None = None) -> Trace:
     """Validate a converted trace; a conversion that breaks format v1 becomes an :class:`ImporterError`."""
+    from stopserve.trace import parse_trace  # pydantic: only when a trace is built, not on the hook path
+
     try:
         return parse_trace(data, file=str(file), line=line)
     except TraceValidationError as exc:

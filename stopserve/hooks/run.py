@@ -1,0 +1,366 @@
+"""``stopserve hook claude-code|codex``: one hook call, start to answer, bounded in time.
+
+What a call does, in order:
+
+1. parse the hook input from stdin (:func:`~stopserve.hooks.protocol.parse_input`);
+2. lock the run's state, read the transcript lines added since the last call (the
+   byte offset is in the state), map them to events with the same mapper the
+   importer uses, add what the hook input itself says (a tool call and its result,
+   the proposed stop) and any events an earlier call could not deliver;
+3. ``POST /v1/runs/{run_id}/decide`` with ``proposed_stop`` on ``Stop``/``SubagentStop``;
+4. answer: block a stop the service wants to go on past (at most ``--max-blocks``
+   times in a row within a turn, counting again from 0 when ``stop_hook_active`` is
+   false), end the run from a tool hook when a safety net fired; in ``--mode
+   shadow`` only log what would have been done;
+5. save the state atomically, log one line.
+
+It fails open: on a timeout (``--timeout``, 0.8 s by default, measured from the
+start of this code; a hard ``SIGALRM`` deadline backs up the socket timeouts), an
+unreachable or failing service, a bad input, or any error, it prints nothing and
+exits 0 -- the agent may stop -- and says why in ``hook.log`` and on stderr (which
+Claude Code shows the user in verbose mode only, never the model).
+
+Only the standard library, orjson and the light mapper modules are imported: no
+pydantic, numpy, httpx or FastAPI (``bench/bench_hook.py`` measures the cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+from urllib.parse import quote, urlsplit
+
+import orjson
+
+from stopserve.errors import HookInputError
+from stopserve.hooks.protocol import MAX_INPUT_BYTES, HookInput, block_output, end_output, parse_input
+from stopserve.hooks.state import StateDir
+from stopserve.importers._transcript import TranscriptMapper, read_lines
+
+__all__ = ["ServiceError", "hook_command", "post_json", "run_hook"]
+
+#: events kept for the service while it cannot be reached (the newest win)
+MAX_PENDING: Final = 2000
+#: transcript bytes read per call (the rest waits for the next call)
+READ_BYTES: Final = 8 * 1024 * 1024
+
+
+_DECISION_KEYS: Final = (
+    "action",
+    "reason",
+    "v_stop",
+    "q_continue",
+    "q_stop",
+    "turn",
+    "safety_net",
+    "pattern",
+    "limit",
+    "degraded",
+)
+
+
+class _DeadlineError(Exception):
+    """The call's time is up."""
+
+
+class ServiceError(Exception):
+    """The service did not give a decision; ``final`` when resending would not help."""
+
+    def __init__(self, message: str, *, final: bool = False, closed: bool = False) -> None:
+        super().__init__(message)
+        self.final = final
+        self.closed = closed
+
+
+@contextlib.contextmanager
+def _hard_deadline(seconds: float) -> Iterator[None]:
+    """Raise :class:`_DeadlineError` in this thread after ``seconds`` (POSIX main thread only)."""
+    if not hasattr(signal, "setitimer"):  # pragma: no cover - Windows: socket timeouts only
+        yield
+        return
+
+    def ring(signum: int, frame: Any) -> None:
+        raise _DeadlineError(f"no answer within {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def post_json(url: str, path: str, body: Mapping[str, Any], timeout: float) -> tuple[int, Any]:
+    """POST ``body`` as JSON to ``url`` + ``path``: ``(status, parsed JSON or None)``.
+
+    Raises ``OSError`` (refused, reset, timed out) or ``http.client.HTTPException``.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--url must be http(s)://host[:port], got {url!r}")
+    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(parts.hostname, parts.port, timeout=max(timeout, 0.001))
+    try:
+        conn.request(
+            "POST",
+            parts.path.rstrip("/") + path,
+            body=orjson.dumps(body),
+            headers={"content-type": "application/json", "accept": "application/json"},
+        )
+        response = conn.getresponse()
+        raw = response.read(4 * 1024 * 1024)
+    finally:
+        conn.close()
+    try:
+        return response.status, orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return response.status, None
+
+
+def _decide(url: str, run_id: str, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    """The service's decision, or :class:`ServiceError` saying why there is none."""
+    try:
+        status, data = post_json(url, f"/v1/runs/{quote(run_id, safe='')}/decide", body, timeout)
+    except TimeoutError:
+        raise ServiceError(f"service at {url} did not answer within {timeout:.2f} s") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise ServiceError(f"service at {url} unreachable: {exc}") from None
+    if status == 200 and isinstance(data, dict) and data.get("action") in ("continue", "stop"):
+        return data
+    error = data.get("error") if isinstance(data, dict) else None
+    detail = error.get("message") if isinstance(error, dict) else None
+    message = f"service answered HTTP {status}" + (f": {detail}" if detail else "")
+    if status == 409:
+        message += " (the run's outcome was posted; not asking again)"
+        raise ServiceError(message, final=True, closed=True)
+    # 4xx: these events will never be taken as they are; 5xx/429: resend them next time
+    raise ServiceError(message, final=400 <= status < 500 and status != 429)
+
+
+def _mapper_class(harness: str) -> type[TranscriptMapper]:
+    if harness == "codex":
+        from stopserve.importers.codex import CodexMapper
+
+        return CodexMapper
+    from stopserve.importers.claude_code import ClaudeCodeMapper
+
+    return ClaudeCodeMapper
+
+
+def _read_transcript(path: str, st: dict[str, Any], mapper: TranscriptMapper) -> list[dict[str, Any]]:
+    """Events of the lines added to ``path`` since the offset in ``st`` (which moves on)."""
+    offset = st.get("offset", 0)
+    if not isinstance(offset, int) or offset < 0:
+        offset = 0
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return []  # not written yet: the next call reads it
+    if size < offset:
+        st["log"].append(f"transcript shrank below the last offset ({size} < {offset}); reading it anew")
+        offset = 0
+    lines, st["offset"], too_long = read_lines(path, offset, READ_BYTES)
+    for _ in range(too_long):
+        mapper.malformed()
+    events: list[dict[str, Any]] = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            mapper.malformed()
+            continue
+        events.extend(mapper.feed(obj))
+    return events
+
+
+def run_hook(
+    raw: bytes, args: argparse.Namespace, state: StateDir, deadline: float
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """One call: ``(answer to print or None, the decision record logged)``."""
+    inp = parse_input(raw, args.harness)
+    record: dict[str, Any] = {
+        "ts": time.time(),
+        "harness": args.harness,
+        "event": inp.event,
+        "session_id": inp.session_id,
+        "run_id": inp.run_id,
+        "mode": args.mode,
+    }
+    if inp.kind == "other":
+        record["outcome"] = "ignored"
+        return None, record
+    with state.lock(inp.run_id, deadline):
+        st = state.load(inp.run_id)
+        if st is None:
+            state.sweep()
+            st = {"v": 1, "session_id": inp.session_id, "created": time.time(), "blocks": 0, "pending": []}
+        st["log"] = []
+        cls = _mapper_class(args.harness)
+        transcript = inp.transcript
+        mapper = cls.load(st["mapper"]) if isinstance(st.get("mapper"), dict) else cls(agent=inp.agent)
+        if transcript and st.get("transcript") not in (None, transcript):
+            st["log"].append(f"transcript changed from {st['transcript']}; reading {transcript} anew")
+            st["offset"] = 0
+        events = _read_transcript(transcript, st, mapper) if transcript else []
+        st["transcript"] = transcript
+        now = time.time()
+        if inp.kind == "tool" and inp.tool_use_id and inp.tool_name:
+            mapper.tool_event(
+                inp.tool_use_id,
+                inp.tool_name,
+                inp.tool_input,
+                inp.tool_response,
+                now,
+                error=inp.event == "PostToolUseFailure",
+            )
+        elif inp.kind == "stop":
+            mapper.propose_stop(now, inp.last_assistant_message, inp.turn_id)
+        events.extend(mapper.drain())
+        pending = [e for e in st.get("pending", []) if isinstance(e, dict)] + events
+        if len(pending) > MAX_PENDING:
+            st["log"].append(f"dropped {len(pending) - MAX_PENDING} undelivered events (service away)")
+            pending = pending[-MAX_PENDING:]
+        if not inp.stop_hook_active and inp.kind == "stop":
+            st["blocks"] = 0  # a fresh turn: the consecutive-block count starts again
+        record.update(events=len(events), lines=dict(mapper.counts))
+        answer: dict[str, Any] | None = None
+        decision: dict[str, Any] | None = None
+        if st.get("closed"):
+            record["error"] = "run closed on the service (its outcome was posted); not asked"
+        else:
+            body: dict[str, Any] = {"events": pending, "proposed_stop": inp.kind == "stop"}
+            if not st.get("started"):
+                body.update(task_id=inp.session_id, system=args.harness, topology="harness")
+            if args.lam is not None:
+                body["lambda"] = args.lam
+            if args.safety is not None:
+                body["safety"] = args.safety
+            try:
+                decision = _decide(args.url, inp.run_id, body, deadline - time.monotonic())
+                pending = []
+                st["started"] = True
+            except ServiceError as exc:
+                record["error"] = str(exc)
+                if exc.final:
+                    st["log"].append(f"dropped {len(pending)} events the service refused: {exc}")
+                    pending = []
+                if exc.closed:
+                    st["closed"] = True
+        st["pending"] = pending
+        if decision is not None:
+            answer = _answer(inp, decision, mapper, st=st, args=args, record=record)
+        st["mapper"] = mapper.dump()
+        st["updated"] = time.time()
+        notes = st.pop("log")
+        state.save(inp.run_id, st)
+    for note in notes:
+        state.log(f"{args.harness} {inp.event} run={inp.run_id}: {note}")
+    return answer, record
+
+
+def _answer(
+    inp: HookInput,
+    decision: dict[str, Any],
+    mapper: TranscriptMapper,
+    *,
+    st: dict[str, Any],
+    args: argparse.Namespace,
+    record: dict[str, Any],
+) -> dict[str, Any] | None:
+    """What to print for this decision (``None``: nothing), and the record of it."""
+    from stopserve.hooks.reason import block_reason, end_reason
+
+    record.update({k: decision.get(k) for k in _DECISION_KEYS})
+    shadow = args.mode == "shadow"
+    if inp.kind == "stop":
+        if decision["action"] == "stop":
+            st["blocks"] = 0
+            record["outcome"] = "allow"
+            return None
+        blocks = int(st.get("blocks") or 0)
+        if blocks >= args.max_blocks:
+            record["outcome"] = "allow (block cap reached)"
+            record["would_block"] = True
+            return None
+        reason = block_reason(decision, mapper.facts, blocks_left=args.max_blocks - blocks - 1)
+        record.update(would_block=True, reason_text=reason)
+        if shadow:
+            record["outcome"] = "would block"
+            return None
+        st["blocks"] = blocks + 1
+        record["outcome"] = "block"
+        return block_output(reason)
+    if decision["action"] != "stop" or not (decision.get("safety_net") or args.end_on_model_stop):
+        record["outcome"] = "continue"
+        return None
+    reason = end_reason(decision, mapper.facts)
+    record.update(would_end=True, reason_text=reason)
+    if shadow:
+        record["outcome"] = "would end"
+        return None
+    record["outcome"] = "end"
+    return end_output(reason)
+
+
+def hook_command(args: argparse.Namespace) -> int:
+    """The ``stopserve hook claude-code|codex`` command: always exits 0 (fails open)."""
+    start = time.monotonic()
+    deadline = start + args.timeout
+    state = StateDir(args.state_dir)
+    answer: dict[str, Any] | None = None
+    record: dict[str, Any] = {"ts": time.time(), "harness": args.harness, "mode": args.mode}
+    if sys.stdin is None or sys.stdin.isatty():
+        print(
+            f"stopserve hook {args.harness}: reads the hook input JSON on stdin; "
+            f"install it with `stopserve hook install {args.harness}` (docs/hooks.md)",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        with _hard_deadline(args.timeout):
+            raw = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+            answer, record = run_hook(raw, args, state, deadline)
+    except _DeadlineError as exc:
+        answer, record["error"] = None, f"timeout: {exc}"
+    except HookInputError as exc:
+        answer, record["error"] = None, f"bad hook input: {exc}"
+    except TimeoutError as exc:
+        answer, record["error"] = None, f"timeout: {exc}"
+    except Exception as exc:  # fail open: nothing may keep the agent from stopping
+        answer, record["error"] = None, f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(Exception):
+            state.log("traceback: " + traceback.format_exc().replace("\n", "\n  "))
+    record["ms"] = round((time.monotonic() - start) * 1000, 1)
+    with contextlib.suppress(Exception):
+        _log(state, record)
+    if "error" in record:
+        with contextlib.suppress(Exception):
+            print(f"stopserve hook: {record['error']}; the agent may stop", file=sys.stderr)
+    if answer is not None:
+        sys.stdout.write(orjson.dumps(answer).decode() + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def _log(state: StateDir, record: dict[str, Any]) -> None:
+    where = f"run={record.get('run_id', '?')}"
+    what = record.get("outcome") or ("error" if "error" in record else "-")
+    extra = f" action={record['action']}" if "action" in record else ""
+    if record.get("safety_net"):
+        extra += f" net={record['safety_net']}"
+    error = f" error: {record['error']}" if "error" in record else ""
+    event = record.get("event", "?")
+    state.log(f"{record['harness']} {event} {where}{extra} -> {what} ({record['ms']} ms){error}")
+    if record.get("event") is not None and record.get("outcome") != "ignored":
+        state.append("decisions.jsonl", record)

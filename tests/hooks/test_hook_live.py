@@ -1,0 +1,323 @@
+"""The hook end to end: ``python -m stopserve hook claude-code|codex`` run as the harness runs
+it (hook JSON on stdin, a transcript that grows between calls) against a REAL service on
+loopback, started with ``--no-model``: the default safety nets alone (``SafetyConfig()``:
+the loop detector on, ``min_turns`` 2), so nothing here depends on the served model."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _hookkit import ClaudeSession, CodexSession, records, run_hook
+from servers import LiveServer, free_port
+
+ALWAYS_GO_ON = ("--safety", '{"min_turns": 50}')  # a policy that wants every stop refused
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with LiveServer(log_dir=tmp_path_factory.mktemp("service-logs"), no_model=True) as live:
+        yield live
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+def test_a_premature_stop_is_blocked_and_a_finished_run_let_through(
+    server: LiveServer, tmp_path: Path, state: Path
+) -> None:
+    s = ClaudeSession(tmp_path / "proj", "sess-premature")
+    s.user("Fix the crash in app.py")
+    s.say("Done, I fixed it.")
+    first = run_hook("claude-code", s.stop(), url=server.url, state=state)
+    assert first.rc == 0 and first.answer is not None and first.answer["decision"] == "block"
+    assert "no tool was used yet" in first.answer["reason"]
+    assert "only 1 step" in first.answer["reason"]
+    # the agent goes on: edits, runs the tests, and stops again
+    s.edit("toolu_e1", "src/app.py")
+    s.bash("toolu_t1", "python -m pytest -q", "4 passed in 0.02s")
+    s.say("Fixed the crash; the tests pass.")
+    second = run_hook("claude-code", s.stop(active=True), url=server.url, state=state)
+    assert second.rc == 0 and second.answer is None, second.stderr
+    outcomes = [(r["event"], r["outcome"], r["action"]) for r in records(state)]
+    assert outcomes == [("Stop", "block", "continue"), ("Stop", "allow", "stop")]
+
+
+def test_the_reason_names_files_edited_after_the_last_passing_tests(
+    server: LiveServer, tmp_path: Path, state: Path
+) -> None:
+    s = ClaudeSession(tmp_path / "proj", "sess-edits")
+    s.user("Add a --verbose flag")
+    s.bash("toolu_t1", "pytest tests/ -q", "12 passed in 0.31s")
+    s.edit("toolu_e1", "src/cli.py")
+    s.edit("toolu_e2", "src/cli.py")
+    s.say("Added the flag.")
+    result = run_hook("claude-code", s.stop(), url=server.url, state=state, args=ALWAYS_GO_ON)
+    assert result.answer is not None
+    reason = result.answer["reason"]
+    assert "files were edited after the last passing test run (src/cli.py)" in reason
+    assert "`pytest tests/ -q`" in reason
+
+
+def test_the_block_cap_holds_within_a_turn_and_resets_on_a_new_one(
+    server: LiveServer, tmp_path: Path, state: Path
+) -> None:
+    s = ClaudeSession(tmp_path / "proj", "sess-cap")
+    s.user("Refactor the parser")
+    s.say("Refactored.")
+    answers = []
+    for active in (False, True, True, True):
+        answers.append(
+            run_hook(
+                "claude-code", s.stop(active=active), url=server.url, state=state, args=ALWAYS_GO_ON
+            ).answer
+        )
+        s.say("Still refactored.")
+    assert [a is not None for a in answers] == [True, True, False, False]  # default cap: 2 in a row
+    assert (
+        "at most 1 more time" in answers[0]["reason"] and "let the next stop through" in answers[1]["reason"]
+    )
+    s.user("Now also rename the module")  # a new turn: the harness sends stop_hook_active false
+    s.say("Renamed.")
+    assert (
+        run_hook("claude-code", s.stop(), url=server.url, state=state, args=ALWAYS_GO_ON).answer is not None
+    )
+    none = run_hook(
+        "claude-code", s.stop(), url=server.url, state=state, args=(*ALWAYS_GO_ON, "--max-blocks", "0")
+    )
+    assert none.answer is None
+    assert records(state)[-1]["outcome"] == "allow (block cap reached)"
+
+
+def test_a_looping_run_is_ended_from_a_tool_hook(server: LiveServer, tmp_path: Path, state: Path) -> None:
+    s = ClaudeSession(tmp_path / "proj", "sess-loop")
+    s.user("Make the tests pass")
+    command = {"command": "pytest -x tests/test_io.py", "description": "run the failing test"}
+    response = {"stdout": "1 failed: test_roundtrip", "stderr": "", "interrupted": False, "isImage": False}
+    answers = []
+    for i in range(5):
+        call_id = f"toolu_loop{i}"
+        s.call(call_id, "Bash", command)
+        if i % 2:  # sometimes the result is in the transcript before the hook runs, sometimes not
+            s.result(call_id, response)
+        answers.append(
+            run_hook(
+                "claude-code", s.post_tool(call_id, "Bash", command, response), url=server.url, state=state
+            )
+        )
+        if not i % 2:
+            s.result(call_id, response)
+    assert [a.answer is None for a in answers[:3]] == [True, True, True]
+    ended = answers[3].answer
+    assert ended is not None and ended["continue"] is False
+    assert "loop detected" in ended["stopReason"] and "pytest -x tests/test_io.py" in ended["stopReason"]
+    last = records(state)[3]
+    assert (last["safety_net"], last["pattern"]) == ("loop_detector", "repeated_action_observation")
+    # each call counted once although it was seen twice (hook input and transcript)
+    assert last["turn"] == 4
+
+
+def test_server_down_lets_the_agent_stop_within_the_timeout(tmp_path: Path, state: Path) -> None:
+    s = ClaudeSession(tmp_path / "proj", "sess-down")
+    s.user("hi")
+    s.say("Hello.")
+    refused = run_hook("claude-code", s.stop(), url=f"http://127.0.0.1:{free_port()}", state=state)
+    assert refused.rc == 0 and refused.answer is None
+    assert "unreachable" in refused.stderr and "the agent may stop" in refused.stderr
+    # a service that takes the connection and never answers: the call's time runs out
+    with socket.socket() as sink:
+        sink.bind(("127.0.0.1", 0))
+        sink.listen(8)
+        url = f"http://127.0.0.1:{sink.getsockname()[1]}"
+        hung = run_hook("claude-code", s.stop(), url=url, state=state, args=("--timeout", "0.5"))
+    assert hung.rc == 0 and hung.answer is None and "the agent may stop" in hung.stderr
+    assert hung.seconds < 30  # a hang guard; the bound itself is the logged time below
+    rec = records(state)[-1]
+    assert "error" in rec and rec["ms"] <= 500 + 100  # the hard deadline at --timeout, plus teardown
+    log = (state / "hook.log").read_text()
+    assert "unreachable" in log and ("did not answer" in log or "timeout" in log)
+
+
+def test_shadow_mode_never_blocks_and_the_report_joins_labels(
+    server: LiveServer, tmp_path: Path, state: Path
+) -> None:
+    shadow = ("--mode", "shadow")
+    s = ClaudeSession(tmp_path / "proj", "sess-shadow")
+    s.user("Write the changelog")
+    s.say("Written.")
+    assert run_hook("claude-code", s.stop(), url=server.url, state=state, args=shadow).answer is None
+    command = {"command": "make docs"}
+    response = {"stdout": "error: missing file", "stderr": "", "interrupted": False, "isImage": False}
+    for i in range(5):
+        s.call(f"toolu_d{i}", "Bash", command)
+        result = run_hook(
+            "claude-code",
+            s.post_tool(f"toolu_d{i}", "Bash", command, response),
+            url=server.url,
+            state=state,
+            args=shadow,
+        )
+        assert result.answer is None
+    ok = ClaudeSession(tmp_path / "proj", "sess-shadow-ok")
+    ok.user("Bump the version")
+    ok.edit("toolu_v", "pyproject.toml")
+    ok.bash("toolu_t", "pytest -q", "3 passed")
+    ok.say("Bumped; tests pass.")
+    assert run_hook("claude-code", ok.stop(), url=server.url, state=state, args=shadow).answer is None
+    recs = records(state)
+    assert recs[0]["outcome"] == "would block" and recs[0]["would_block"] is True and "reason_text" in recs[0]
+    assert any(r.get("outcome") == "would end" for r in recs)
+    # labels: the would-block session failed, the other did not
+    for sid, reward in (("sess-shadow", "0"), ("sess-shadow-ok", "1")):
+        label = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "stopserve",
+                "label",
+                sid,
+                "--reward",
+                reward,
+                "--url",
+                server.url,
+                "--state-dir",
+                str(state),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert label.returncode == 0, label.stderr
+        assert "posted" in label.stdout
+    report = subprocess.run(
+        [sys.executable, "-m", "stopserve", "hook", "report", "--state-dir", str(state), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    numbers = json.loads(report.stdout)
+    assert (numbers["stops"], numbers["would_block"], numbers["would_end"]) == (2, 1, 2)
+    assert numbers["would_block_rate"] == 0.5
+    assert (numbers["blocked_labelled"], numbers["blocked_failed"]) == (1, 1)
+    assert (numbers["unblocked_labelled"], numbers["unblocked_failed"]) == (1, 0)
+    text = subprocess.run(
+        [sys.executable, "-m", "stopserve", "hook", "report", "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "with a block:    1 of 1 failed (100.0%)" in text
+
+
+def test_label_closes_the_run_and_the_session_becomes_a_trace(
+    server: LiveServer, tmp_path: Path, state: Path
+) -> None:
+    s = ClaudeSession(tmp_path / "proj", "sess-label")
+    s.user("Fix the typo")
+    s.edit("toolu_1", "README.md")
+    s.bash("toolu_2", "make check", "ok")
+    s.say("Fixed.")
+    assert run_hook("claude-code", s.stop(), url=server.url, state=state).answer is None
+    argv = [
+        sys.executable,
+        "-m",
+        "stopserve",
+        "label",
+        "sess-label",
+        "--reward",
+        "1",
+        "--url",
+        server.url,
+        "--state-dir",
+        str(state),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    trace_log = done.stdout.split("-> ")[1].split(";")[0]
+    traces = [json.loads(line) for line in Path(trace_log).read_text().splitlines()]
+    (trace,) = [t for t in traces if t["trace_id"] == "sess-label"]
+    assert trace["rewards"] == {"team": 1.0} and trace["system"] == "claude-code"
+    assert [e["type"] for e in trace["events"]][:3] == ["communicate", "tool_use", "return"]
+    labels = (state / "labels.jsonl").read_text()
+    assert '"session_id":"sess-label"' in labels
+    # the closed run: the next hook call does not ask, and lets the agent stop
+    s.user("one more thing")
+    s.say("Done.")
+    after = run_hook("claude-code", s.stop(), url=server.url, state=state)
+    assert after.answer is None and "outcome was posted" in records(state)[-1]["error"]
+    unknown = subprocess.run(
+        [*argv[:4], "never-seen", *argv[5:]], capture_output=True, text=True, check=False
+    )
+    assert unknown.returncode == 1 and "recorded locally" in unknown.stderr
+
+
+def test_a_subagent_stop_is_its_own_run(server: LiveServer, tmp_path: Path, state: Path) -> None:
+    main = ClaudeSession(tmp_path / "proj", "sess-sub")
+    main.user("Survey the code base")
+    main.call("toolu_task", "Task", {"description": "survey", "subagent_type": "Explore", "prompt": "look"})
+    sub = ClaudeSession(tmp_path / "proj", "sess-sub", agent_id="a91f")
+    sub.user("look")
+    sub.say("Nothing to report.")
+    blocked = run_hook("claude-code", sub.stop(), url=server.url, state=state)
+    assert blocked.answer is not None and blocked.answer["decision"] == "block"
+    rec = records(state)[-1]
+    assert (rec["event"], rec["run_id"]) == ("SubagentStop", "sess-sub:a91f")
+    sub.bash("toolu_s1", "grep -rn TODO src", "src/a.py:3: TODO")
+    sub.bash("toolu_s2", "wc -l src/a.py", "40 src/a.py")
+    sub.say("One TODO, in src/a.py.")
+    assert run_hook("claude-code", sub.stop(active=True), url=server.url, state=state).answer is None
+
+
+def test_malformed_transcript_lines_are_skipped_and_counted(
+    server: LiveServer, tmp_path: Path, state: Path
+) -> None:
+    s = ClaudeSession(tmp_path / "proj", "sess-garbage")
+    s.user("Clean up")
+    s.line("{this is not json")
+    s.line('["an", "array"]')
+    s.line({"type": "from-a-future-version", "uuid": "z"})
+    s.bash("toolu_1", "ls", "a b")
+    s.bash("toolu_2", "rm b", "")
+    s.say("Cleaned.")
+    result = run_hook("claude-code", s.stop(), url=server.url, state=state)
+    assert result.rc == 0 and result.answer is None
+    lines = records(state)[-1]["lines"]
+    assert (lines["malformed"], lines["unknown"]) == (2, 1)
+
+
+def test_bad_hook_input_fails_open(tmp_path: Path, state: Path) -> None:
+    for raw in (
+        b"not json",
+        b'{"hook_event_name": "Stop"}',
+        b'{"hook_event_name": "PostToolUse", "session_id": "s"}',
+    ):
+        result = run_hook("claude-code", raw, url="http://127.0.0.1:9", state=state)
+        assert result.rc == 0 and result.answer is None and "bad hook input" in result.stderr
+    assert "session_id" in (state / "hook.log").read_text()
+
+
+def test_codex_stop_and_loop(server: LiveServer, tmp_path: Path, state: Path) -> None:
+    s = CodexSession(tmp_path / "sessions", "019e0000-aaaa-7000-8000-000000000001")
+    s.user("add input validation")
+    last = s.say("Added validation.")
+    blocked = run_hook("codex", s.stop(last), url=server.url, state=state)
+    assert blocked.answer is not None and blocked.answer["decision"] == "block"
+    answers = []
+    for i in range(5):
+        s.shell_call(f"call_{i}", "cargo test")
+        out = s.shell_output(f"call_{i}", 101, "test result: FAILED. 0 passed; 1 failed")
+        answers.append(
+            run_hook("codex", s.post_tool(f"call_{i}", "cargo test", out), url=server.url, state=state).answer
+        )
+    ended = next(a for a in answers if a is not None)
+    # exit code 101 each time: the same failing call, three times in a row
+    assert answers.index(ended) == 2 and ended["continue"] is False
+    assert "the same call failed again and again (last: Bash: cargo test)" in ended["stopReason"]
+    assert records(state)[3]["pattern"] == "repeated_action_error"

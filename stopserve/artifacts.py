@@ -277,6 +277,30 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _margins(value: Any) -> str:
+    if not isinstance(value, Mapping):
+        return "n/a"
+    return ", ".join(
+        "none" if value.get(k) is None else f"{float(value[k]):.4g}" for k in ("stop", "continue")
+    )
+
+
+def _scale(value: Any) -> str:
+    if not isinstance(value, Mapping):
+        return "n/a"
+    if value.get("kind") == "per_run":
+        return "per run (lambda from each run's own expected total cost: for systems not seen in training)"
+    return f"fixed (mean behavior-run cost {_fmt(value.get('mean_behavior_cost'))})"
+
+
+def _features(manifest: Mapping[str, Any]) -> str:
+    used = manifest.get("features_used")
+    names = manifest.get("feature_names") or []
+    if not isinstance(used, list):
+        return "n/a"
+    return "all" if len(used) == len(names) else f"{len(used)} of {len(names)} (see manifest features_used)"
+
+
 def render_model_card(manifest: Mapping[str, Any]) -> str:
     """The ``MODEL_CARD.md`` text for a manifest (what it is, how it was trained, how good)."""
     kind = manifest.get("kind", "model")
@@ -289,16 +313,28 @@ def render_model_card(manifest: Mapping[str, Any]) -> str:
         "|---|---|",
         f"| kind | {kind} |",
         f"| method | {_fmt(manifest.get('method'))} |",
+        f"| base rule | {_fmt(manifest.get('rule_text'))} |",
+        f"| margins (stop, continue) | {_margins(manifest.get('margins'))} |",
+        f"| model min_turns | {_fmt(manifest.get('min_turns'))} |",
         f"| cost unit | {_fmt(manifest.get('cost_unit'))} |",
+        f"| cost scale | {_scale(manifest.get('cost_scale'))} |",
+        f"| default cost share | {_fmt(manifest.get('default_cost_share'))} |",
         f"| default lambda | {_fmt(manifest.get('default_lambda'))} |",
-        f"| tau | {_fmt(manifest.get('tau'))} |",
+        f"| features read | {_features(manifest)} |",
         f"| created | {_fmt(manifest.get('created'))} |",
         "",
     ]
     if kind == "heuristic":
         lines += [
             "**This directory holds a tuned heuristic, not a learned model**: the learned policy did not",
-            "beat the best tuned heuristic in cross-validated value, so the heuristic ships instead.",
+            "beat the best tuned heuristic with error bars, so the heuristic ships instead (see the guard).",
+            "",
+        ]
+    elif kind == "model":
+        lines += [
+            "The policy starts from its base rule and deviates where the learned value of continuing",
+            "clears a margin: it continues through a rule (or proposed) stop when V > the continue margin",
+            "and stops a run the rule lets go on when V < minus the stop margin (`none`: never).",
             "",
         ]
     guard = manifest.get("guard")
@@ -326,6 +362,14 @@ def render_model_card(manifest: Mapping[str, Any]) -> str:
             lines.append("")
         lines += [f"- {k}: {_fmt(v)}" for k, v in cv.items() if not isinstance(v, Mapping | list)]
         lines.append("")
+        by = cv.get("by_dataset")
+        if isinstance(by, Mapping) and by:
+            names = list(next(iter(by.values())))
+            lines += ["Cross-validated value by data set:", ""]
+            lines += ["| data set | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+            for d, row in by.items():
+                lines.append(f"| {d} | " + " | ".join(_fmt(row.get(n)) for n in names) + " |")
+            lines.append("")
     imp = manifest.get("feature_importance")
     if isinstance(imp, Mapping) and imp:
         lines += ["## Top features (gain share, all models)", ""]

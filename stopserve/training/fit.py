@@ -249,6 +249,8 @@ class _Target:
     name: str
     y: FloatArray
     objective: str
+    #: rows this target learns from (None: all)
+    rows: BoolArray | None = None
 
 
 class _Trainer:
@@ -280,6 +282,10 @@ class _Trainer:
         self, target: _Target, train_rows: IntArray, valid_rows: IntArray | None, rounds: int, seed: int
     ) -> tuple[Any, int]:
         """A booster cut at its best iteration (early stopping on ``valid_rows``), and that iteration."""
+        if target.rows is not None:
+            train_rows = train_rows[target.rows[train_rows]]
+            if valid_rows is not None:
+                valid_rows = valid_rows[target.rows[valid_rows]]
         params = {**self.params, "objective": target.objective, "seed": seed}
         params.pop("max_bin", None)
         train_set = self._dataset(train_rows, target.y)
@@ -305,7 +311,14 @@ def _targets(dp: DecisionPoints) -> dict[str, _Target]:
     return {
         "g": _Target("g", dp.q_final - dp.q, "regression"),
         "k": _Target("k", k_target(dp), "regression"),
-        "s": _Target("s", dp.q, "cross_entropy" if bool(np.all((dp.q >= 0) & (dp.q <= 1))) else "regression"),
+        # the outcome filled in at a run's own end is not what an early stop hands back: S learns
+        # from the qualities a stop can take (grades, rewards), not from where the run ended anyway
+        "s": _Target(
+            "s",
+            dp.q,
+            "cross_entropy" if bool(np.all((dp.q >= 0) & (dp.q <= 1))) else "regression",
+            rows=~dp.q_filled,
+        ),
     }
 
 
@@ -546,7 +559,9 @@ class PolicyLearner:
                 c_target = _Target("c", y, "regression")
                 cross_fit(c_target)
                 v_opt = v_of("optimal", oof, slice(None))
-                tuned = tune_policy(dp, v_opt, fires_all, lam_value, min_turns=min_turns)
+                tuned = tune_policy(
+                    dp, v_opt, fires_all, lam_value, min_turns=min_turns, strata=_strata(dp, per_run)
+                )
                 stop_rule = learned_mask(
                     dp,
                     v_opt,
@@ -571,7 +586,9 @@ class PolicyLearner:
                 for method in methods:
                     raw = {n: inner[n][f] for n in METHOD_MODELS[method]}
                     v = v_of(method, raw, fold.valid)
-                    t = tune_policy(sub, v, fires, lam_value, min_turns=min_turns)
+                    t = tune_policy(
+                        sub, v, fires, lam_value, min_turns=min_turns, strata=_strata(sub, per_run)
+                    )
                     if choice is None or t.score > choice[1].score + 1e-12:
                         choice = (method, t)
             if choice is None or not choice[1].deviates:
@@ -617,6 +634,13 @@ class PolicyLearner:
         reps["oracle"] = replay(dp, r_stop >= np.repeat(best_row, np.diff(dp.offsets)) - 1e-12, lam_value)
         policies = {name: _summary(r) for name, r in reps.items()}
         best_heur = max(HEURISTICS, key=lambda h: policies[h]["value"])
+        by_dataset = {
+            str(d): {
+                name: float(reps[name].value[dp.dataset == d].mean())
+                for name in ("learned", best_heur, "behavior", "oracle")
+            }
+            for d in np.unique(dp.dataset)
+        }
 
         # --------------------------------------------------------- the guard
         diff = reps["learned"].value - reps[best_heur].value
@@ -643,7 +667,14 @@ class PolicyLearner:
             fires = final_heur.stop_mask(dp)
             for method in methods:
                 raw = {n: oof[n] for n in METHOD_MODELS[method]}
-                t = tune_policy(dp, v_of(method, raw, slice(None)), fires, lam_value, min_turns=min_turns)
+                t = tune_policy(
+                    dp,
+                    v_of(method, raw, slice(None)),
+                    fires,
+                    lam_value,
+                    min_turns=min_turns,
+                    strata=_strata(dp, per_run),
+                )
                 if final_tuned is None or t.score > final_tuned[1].score + 1e-12:
                     final_tuned = (method, t)
             if final_tuned is None or not final_tuned[1].deviates:
@@ -734,6 +765,7 @@ class PolicyLearner:
             "cost_share": share,
             "policies": policies,
             "best_heuristic": best_heur,
+            "by_dataset": by_dataset,
             "fold_choices": fold_choice,
         }
         if final_tuned is not None:
@@ -801,6 +833,14 @@ class PolicyLearner:
         """Write the model directory (see :mod:`stopserve.artifacts`)."""
         self._check_fitted()
         return save_model_dir(out_dir, self.manifest_, self.models_)
+
+
+def _strata(dp: DecisionPoints, per_run: bool) -> IntArray | None:
+    """For a model meant for unseen systems, each trace's data set: no set may lose to the rule."""
+    if not per_run:
+        return None
+    _, inverse = np.unique(dp.dataset, return_inverse=True)
+    return np.asarray(inverse, dtype=np.int64)
 
 
 def _tune_all(dp: DecisionPoints, lam: float, per_run: bool) -> dict[str, TunedHeuristic]:

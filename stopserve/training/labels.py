@@ -85,6 +85,9 @@ class DecisionPoints:
     c_final: FloatArray
     propensity: FloatArray
     is_last: BoolArray
+    #: q here is the run's final outcome filled in at its own stop (no grade, no reward label):
+    #: the quality a run hands back because it ends there, not one a stop could take earlier
+    q_filled: BoolArray
     elapsed: FloatArray
     tokens: FloatArray
     usd: FloatArray
@@ -161,6 +164,7 @@ class DecisionPoints:
             c_final=self.c_final[rows],
             propensity=self.propensity[rows],
             is_last=self.is_last[rows],
+            q_filled=self.q_filled[rows],
             elapsed=self.elapsed[rows],
             tokens=self.tokens[rows],
             usd=self.usd[rows],
@@ -246,6 +250,7 @@ class _Columns:
         self.c_sec = array("d")
         self.propensity = array("d")
         self.is_last = array("b")
+        self.q_filled = array("b")
         self.latest_reward = array("d")
         self.loop = array("b")
         self.net_stop = array("b")
@@ -390,6 +395,7 @@ def build_decision_points(
             cols.c_sec.append(float(ev.t))
             cols.propensity.append(ev.decision.propensity if ev.decision is not None else 1.0)
             cols.is_last.append(0)
+            cols.q_filled.append(0)
             # the reward the quality_met net reads: the run's primary channel
             latest = state.latest_reward
             cols.latest_reward.append(math.nan if latest is None else float(latest))
@@ -420,6 +426,7 @@ def build_decision_points(
         if grade is None and not from_reward:
             # spec: the last decision point is the run's own stop, where the final outcome holds
             cols.q[last] = q_end
+            cols.q_filled[last] = 1
         offsets.append(len(cols.q))
         task_ids.append(trace.task_id)
         trace_ids.append(trace.trace_id)
@@ -471,6 +478,7 @@ def build_decision_points(
         c_final=(trace_c_final / scale)[trace_idx],
         propensity=np.array(cols.propensity, dtype=np.float64),
         is_last=np.array(cols.is_last, dtype=bool),
+        q_filled=np.array(cols.q_filled, dtype=bool),
         elapsed=np.array(cols.c_sec, dtype=np.float64),
         tokens=tokens.copy(),
         usd=np.array(cols.c_usd, dtype=np.float64),

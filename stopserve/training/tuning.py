@@ -24,7 +24,7 @@ from typing import Final
 import numpy as np
 
 from stopserve.training.heuristics import policy_mask, replay
-from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray
+from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray, IntArray
 
 __all__ = ["PESSIMISM", "Tuned", "learned_mask", "tune_policy"]
 
@@ -33,6 +33,8 @@ PESSIMISM: Final = 1.0
 #: Values of the continue margin tried (quantiles of V where the base rule stops), plus "never".
 CONTINUE_GRID: Final = 12
 _EPS: Final = 1e-12
+#: A stratum's mean gain may fall this far below 0 and still count as "not negative".
+_TOL: Final = 1e-9
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,16 @@ def _sweep(  # noqa: PLR0917
     extra: BoolArray,
     lam: float,
     ref: FloatArray,
+    strata: IntArray | None = None,
 ) -> tuple[float, float, float]:
     """Best ``h`` for "stop where eligible and ``v < h``, or where ``extra``": ``(h, gain, lcb)``.
 
     Gains are per trace against ``ref`` (the pure base rule's values). ``h = -inf``: no
     model stop. A trace's first model stop moves only at the record lows of its V, so
-    each record contributes one step to the value curve.
+    each record contributes one step to the value curve. With ``strata`` (a stratum per
+    trace, e.g. its data set), a threshold whose mean gain is negative in any stratum is
+    not taken: a policy meant for systems it has not seen must not buy a gain on one at
+    the expense of another.
     """
     base_rep = replay(dp, extra, lam)
     base = base_rep.value
@@ -101,7 +107,12 @@ def _sweep(  # noqa: PLR0917
     g0 = base - ref
     mean0 = float(g0.mean())
     ss0 = float((g0 * g0).sum())
-    best = (-math.inf, mean0, _lcb(mean0, ss0, n_tr))
+    n_strata = 1 if strata is None else int(strata.max()) + 1
+    st = np.zeros(n_tr, dtype=np.int64) if strata is None else strata
+    st_n = np.bincount(st, minlength=n_strata).astype(np.float64)
+    st_g0 = np.bincount(st, weights=g0, minlength=n_strata)
+    feasible0 = bool(np.all(st_g0 >= -_TOL * st_n))
+    best = (-math.inf, mean0, _lcb(mean0, ss0, n_tr) if feasible0 else -math.inf)
     n = dp.n_rows
     idx = np.arange(n, dtype=np.int64)
     end = np.where(base_rep.stopped, base_rep.stop_row, dp.offsets[1:])
@@ -136,10 +147,16 @@ def _sweep(  # noqa: PLR0917
     s2 = np.cumsum(d2[order])
     last = np.ones(points.size, dtype=bool)
     last[:-1] = points[1:] != points[:-1]
-    points, s1, s2 = points[last], s1[last], s2[last]
-    mean = mean0 + s1 / n_tr
-    var = np.maximum((ss0 + s2) / n_tr - mean**2, 0.0)
+    mean = mean0 + s1[last] / n_tr
+    var = np.maximum((ss0 + s2[last]) / n_tr - mean**2, 0.0)
     score = mean - PESSIMISM * np.sqrt(var / n_tr)
+    if strata is not None:
+        # gain per stratum at each threshold: a cumulative sum per stratum
+        by = np.zeros((points.size, n_strata))
+        by[np.arange(points.size), st[tr][order]] = d1[order]
+        per = (st_g0 + np.cumsum(by, axis=0)[last]) / np.maximum(st_n, 1.0)
+        score = np.where(np.all(per >= -_TOL, axis=1), score, -math.inf)
+    points = points[last]
     k = int(np.argmax(score))
     if score[k] > best[2] + _EPS:
         upper = float(points[k + 1]) if k + 1 < points.size else float(points[k]) + 1.0
@@ -162,11 +179,13 @@ def tune_policy(
     lam: float,
     *,
     min_turns: tuple[int, ...] = (1, 2, 3),
+    strata: IntArray | None = None,
 ) -> Tuned:
     """Margins and ``min_turns`` of the learned policy on ``dp``, against its base rule ``fires``.
 
     Returns the pure base rule (both margins infinite) unless some deviation's lower
-    confidence bound of the gain is above 0.
+    confidence bound of the gain is above 0 (and, with ``strata``, its mean gain is not
+    negative in any stratum: see :func:`_sweep`).
     """
     ref = replay(dp, policy_mask(dp, fires), lam).value
     ref_mean = float(ref.mean())
@@ -177,7 +196,7 @@ def tune_policy(
         extra = dp.net_stop | (dp.allowed & base & ~keep_going)
         for mt in min_turns:
             eligible = dp.allowed & ~base & (dp.turn >= mt)
-            h, gain, score = _sweep(dp, v, eligible, extra, lam, ref)
+            h, gain, score = _sweep(dp, v, eligible, extra, lam, ref, strata)
             if score > best.score + _EPS:
                 best = Tuned(-h if math.isfinite(h) else math.inf, m_c, mt, score, gain, ref_mean + gain)
     return best

@@ -190,6 +190,7 @@ class Policy:
         self.min_turns = int(manifest.get("min_turns") or 0)
         self._forest: Forest | None = None
         self._index: dict[str, int] = {}
+        self.boosters: dict[str, Any] = {}
         if kind == "model" and self.method not in METHOD_MODELS:
             raise ModelIntegrityError(
                 f"method: expected one of {', '.join(METHOD_MODELS)} for a learned model, got {self.method!r}"
@@ -204,6 +205,8 @@ class Policy:
             # only the boosters the method reads are evaluated per decision
             self._forest = Forest({n: boosters[n] for n in needed}, len(FEATURE_NAMES))
             self._index = {n: i for i, n in enumerate(self._forest.names)}
+            # every booster the model carries (e.g. S for a run's value), for offline readers
+            self.boosters = dict(boosters)
 
     # ----------------------------------------------------------------- construction
 

@@ -200,6 +200,9 @@ def test_safety_only_policy_uses_the_default_nets() -> None:
     state = RunState()
     for ev in trace.events[:2]:
         state.fold(ev)
+    assert policy.decide(state, proposed_stop=True).action == "continue"  # min_turns 2: not yet
+    for ev in trace.events[2:4]:
+        state.fold(ev)
     d = policy.decide(state, proposed_stop=True)
     assert d.action == "stop" and d.reason == "information_complete" and d.to_dict()["finalize"] is True
 

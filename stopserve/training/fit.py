@@ -525,10 +525,10 @@ class PolicyLearner:
                     bar.update(1)
 
         targets = _targets(dp)
-        for name in ("g", "k"):
+        # S is fitted whatever the method: served, it gives q_stop and q_continue, and the
+        # run's value V(s) = S + max(0, value of continuing) (message-level credit reads it)
+        for name in ("g", "k", "s"):
             cross_fit(targets[name])
-        if "optimal" in methods:
-            cross_fit(targets["s"])
 
         # the best heuristic of each fold, tuned on the fold's training traces
         _, fold_heur = cross_fit_heuristics(dp, lam_value, min_turns=1, transferable=per_run, fold=trace_fold)
@@ -688,7 +688,7 @@ class PolicyLearner:
             all_targets = dict(targets)
             if c_target is not None:
                 all_targets["c"] = c_target
-            for name in METHOD_MODELS[method]:
+            for name in sorted({*METHOD_MODELS[method], "g", "s"}):
                 rounds = max(1, round(float(np.mean([fo.iters[name] for fo in folds])) * 1.1))
                 booster, _ = trainer.train(all_targets[name], rows_all, None, rounds, self.seed)
                 models[name] = booster.model_to_string()
@@ -721,7 +721,10 @@ class PolicyLearner:
             manifest["method"] = "heuristic"
         if bar is not None:
             bar.update(1)
-        importance = dict(sorted(importance.items(), key=lambda kv: -kv[1]))
+        total_gain = sum(importance.values()) or 1.0
+        importance = dict(
+            sorted(((k_, v_ / total_gain) for k_, v_ in importance.items()), key=lambda kv: -kv[1])
+        )
 
         # --------------------------------------------------------- in-sample replay of what ships
         shipped = Policy.from_manifest(manifest, models, source="trained policy")

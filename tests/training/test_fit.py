@@ -42,7 +42,7 @@ def test_learned_policy_beats_heuristics_on_a_learnable_signal(fitted: PolicyLea
     assert pol["learned"]["value"] > pol["behavior"]["value"]
     assert pol["learned"]["value"] > pol[fitted.cv_["best_heuristic"]]["value"]
     assert pol["learned"]["value"] <= pol["oracle"]["value"] + 1e-12
-    assert set(fitted.models_) == {"g", "k"}  # only what the behavior method reads
+    assert set(fitted.models_) == {"g", "k", "s"}  # what the behavior method reads, and S
     assert m["guard"]["shipped"] == "learned model"
     lo, hi = m["guard"]["difference_interval_90"]
     assert lo >= 0 and lo <= m["guard"]["difference"] <= hi
@@ -117,7 +117,7 @@ def test_too_little_data_ships_the_heuristic_and_says_so_plainly(capsys: pytest.
 def test_optimal_method_fits_c_and_serves_it(traces: list[Trace], tmp_path: Path) -> None:
     learner = PolicyLearner(lam=2.0, method="optimal", **FAST).fit(traces[:100])
     if learner.chosen_ == "learned":
-        assert set(learner.models_) == {"c", "s", "k"}
+        assert set(learner.models_) == {"c", "g", "s", "k"}
         assert learner.manifest_["objective"]["lambda"] == 2.0
     out = learner.save(tmp_path / "opt")
     policy = Policy.load(out)

@@ -184,6 +184,12 @@ class Policy:
         objective = manifest.get("objective") or {}
         self._lam0: float | None = objective.get("lambda")
         self._share0: float | None = objective.get("cost_share")
+        # how each model's raw score becomes its value: "sigmoid" for a probability-like target
+        # (cross-entropy objective), "identity" for a regression
+        entries = manifest.get("models") or {}
+        self._sigmoid: frozenset[str] = frozenset(
+            n for n, e in entries.items() if isinstance(e, Mapping) and e.get("transform") == "sigmoid"
+        )
         margins = manifest.get("margins") or {}
         self.margin_stop = _margin(margins.get("stop"))
         self.margin_continue = _margin(margins.get("continue"))
@@ -300,9 +306,12 @@ class Policy:
                 cost_share=self._share0,
                 mean_cost=self.mean_behavior_cost,
             )
-            s = 1.0 / (1.0 + np.exp(-raw["s"]))
+            s = self._post("s", raw["s"])
             return raw["c"] - s - (w - w0), ctg, s
         return raw["g"] - w, ctg, None
+
+    def _post(self, name: str, raw: Any) -> Any:
+        return 1.0 / (1.0 + np.exp(-raw)) if name in self._sigmoid else raw
 
     def raw_batch(self, X: FloatArray) -> dict[str, FloatArray]:  # noqa: N803
         """Raw scores of the boosters the method reads, for many feature rows."""
@@ -377,6 +386,9 @@ class Policy:
             propensity: float = 1.0,
             by: SafetyStop | None = None,
         ) -> StopDecision:
+            pattern = None if by is None else by.pattern
+            if action == "stop" and pattern is None:
+                pattern = nets.loop.closest(state)  # what the run was repeating, if anything
             return StopDecision(
                 action=action,
                 reason=reason,
@@ -386,7 +398,7 @@ class Policy:
                 cost_to_go=ctg,
                 turn=turn,
                 limit=None if by is None else by.limit,
-                pattern=None if by is None else by.pattern,
+                pattern=pattern,
                 finalize=action == "stop",
                 model_version=version,
                 propensity=propensity,

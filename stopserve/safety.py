@@ -131,6 +131,20 @@ class LoopConfig(BaseModel):
             raise ValueError("must be 0 (off) or at least 4: A-B-A-B is the shortest alternation")
         return value
 
+    def closest(self, state: RunState) -> str | None:
+        """The loop pattern nearest its threshold among those seen at least twice in a row, or ``None``.
+
+        Not a stop: a pattern in progress, named on a model stop so the answer says what
+        the run was repeating.
+        """
+        best: tuple[float, str] | None = None
+        for pattern in LOOP_PATTERNS:
+            threshold: int = getattr(self, pattern)
+            run = state.loop_run(pattern)
+            if threshold and run >= 2 and (best is None or run / threshold > best[0]):
+                best = (run / threshold, pattern)
+        return None if best is None else best[1]
+
     def check(self, state: RunState) -> SafetyStop | None:
         """The first loop pattern at or above its threshold, or ``None``."""
         if not self.enabled:

@@ -280,3 +280,16 @@ def test_bad_manifests_are_refused(tmp_path: Path) -> None:
 def test_raw_batch_needs_a_model() -> None:
     with pytest.raises(ModelIntegrityError, match="learned model"):
         Policy.safety_only().raw_batch(np.zeros((1, len(FEATURE_NAMES))))
+
+
+def test_a_model_stop_names_the_pattern_the_run_was_repeating(learned: dict[str, Policy]) -> None:
+    from stopserve.trace import Event
+
+    policy = learned["behavior"]
+    state = RunState()
+    for i in range(3):
+        state.fold(Event(id=f"a{i}", t=float(i), type="tool_use", agent="x", content_ref="same", tokens=900))
+        state.fold(Event(id=f"r{i}", t=float(i), type="return", agent="x", content_ref="out"))
+    d = policy.decide(state, lam=1e6)  # cost weighs so much that the model stops at once
+    assert d.action == "stop" and d.reason == "no_progress" and d.safety_net is None
+    assert d.pattern == "repeated_action_observation"

@@ -399,3 +399,14 @@ def test_repeated_reply_ignores_tool_results_and_resets_on_new_content() -> None
     s.fold(ev(21, "communicate", agent="x", content_ref="b"))
     s.fold(ev(22, "communicate", agent="x", content_ref="b"))
     assert s.loop_run("repeated_reply") == 2
+
+
+def test_closest_names_the_pattern_in_progress_without_firing() -> None:
+    s = RunState()
+    assert LoopConfig().closest(s) is None
+    for i in range(2):
+        s.fold(ev(2 * i, "tool_use", content_ref="same"))
+        s.fold(ev(2 * i + 1, "return", content_ref="out"))
+    assert SafetyConfig().check(s) is None  # 2 of 4: no stop yet
+    assert LoopConfig().closest(s) == "repeated_action_observation"
+    assert LoopConfig(repeated_action_observation=0).closest(s) is None

@@ -252,6 +252,11 @@ class _Target:
     #: rows this target learns from (None: all)
     rows: BoolArray | None = None
 
+    @property
+    def transform(self) -> str:
+        """How a served policy turns the raw score into the target's scale (``stopserve.policy``)."""
+        return "sigmoid" if self.objective == "cross_entropy" else "identity"
+
 
 class _Trainer:
     """Trains boosters on row subsets of one binned matrix (bins computed once)."""
@@ -537,11 +542,11 @@ class PolicyLearner:
 
         def template(method: str) -> Policy:
             """A policy without boosters: only its ``values`` (the one definition of V) is used."""
-            return Policy(
-                kind="none",
-                safety=nets,
-                manifest=self._value_manifest(method, dp, mean_cost, share, lam_value),
-            )
+            manifest = {
+                **self._value_manifest(method, dp, mean_cost, share, lam_value),
+                "models": {n: {"transform": targets[n].transform} for n in targets},
+            }
+            return Policy(kind="none", safety=nets, manifest=manifest)
 
         def v_of(method: str, raw: Mapping[str, FloatArray], rows: IntArray | slice) -> FloatArray:
             v, _, _ = template(method).values(
@@ -599,6 +604,7 @@ class PolicyLearner:
             fold_manifest = {
                 **self._value_manifest(method, dp, mean_cost, share, lam_value),
                 **_rule_fields(base, t),
+                "models": {n: {"transform": targets[n].transform} for n in targets},
             }
             fold_policies.append(
                 Policy(
@@ -695,6 +701,7 @@ class PolicyLearner:
                 entries[name] = {
                     "target": _TARGET_DOC[name],
                     "objective": all_targets[name].objective,
+                    "transform": all_targets[name].transform,
                     "rounds": rounds,
                 }
                 gains = booster.feature_importance(importance_type="gain")

@@ -285,7 +285,13 @@ def test_raw_batch_needs_a_model() -> None:
 def test_a_model_stop_names_the_pattern_the_run_was_repeating(learned: dict[str, Policy]) -> None:
     from stopserve.trace import Event
 
-    policy = learned["behavior"]
+    base = learned["behavior"]
+    policy = Policy(
+        kind="model",
+        safety=DEFAULT_SAFETY,
+        manifest={**base.manifest, "rule": None, "margins": {"stop": 0.0, "continue": None}, "min_turns": 1},
+        boosters=base.boosters,
+    )
     state = RunState()
     for i in range(3):
         state.fold(Event(id=f"a{i}", t=float(i), type="tool_use", agent="x", content_ref="same", tokens=900))

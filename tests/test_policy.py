@@ -294,7 +294,7 @@ def test_a_model_stop_names_the_pattern_the_run_was_repeating(learned: dict[str,
     )
     state = RunState()
     for i in range(3):
-        state.fold(Event(id=f"a{i}", t=float(i), type="tool_use", agent="x", content_ref="same", tokens=900))
+        state.fold(Event(id=f"a{i}", t=float(i), type="tool_use", agent="x", content_ref="same", usd=0.01))
         state.fold(Event(id=f"r{i}", t=float(i), type="return", agent="x", content_ref="out"))
     d = policy.decide(state, lam=1e6)  # cost weighs so much that the model stops at once
     assert d.action == "stop" and d.reason == "no_progress" and d.safety_net is None

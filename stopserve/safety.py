@@ -22,8 +22,8 @@ True
 client's local fallback and every integration when nothing else is given: the loop
 detector on with the thresholds tuned on real runs (``docs/safety.md``), ``quality_met``
 at 1.0 on the ``quality`` channel (a run whose quality reward reaches the top of the
-format's [0, 1] scale is done), ``min_turns`` 2 (verification gets its chance: no
-model, rule, proposed or quality stop at the first decision point), no budget. A model's manifest may add
+format's [0, 1] scale is done), ``min_turns`` 1 (a stop needs a decision point; a
+learned model tunes its own ``min_turns`` on top), no budget. A model's manifest may add
 nets, never switch these off; turning one off takes an explicit config
 (``{"loop": false}``, ``{"quality_met": null}``).
 """
@@ -198,7 +198,7 @@ class SafetyConfig(BaseModel):
     max_seconds: float | None = Field(default=None, ge=0)
     max_tokens: int | None = Field(default=None, ge=0)
     max_usd: float | None = Field(default=None, ge=0)
-    min_turns: int = Field(default=2, ge=0)
+    min_turns: int = Field(default=1, ge=0)
     quality_met: float | None = 1.0
     quality_channel: str | None = "quality"
     loop: LoopConfig = Field(default_factory=LoopConfig)

@@ -198,10 +198,8 @@ def test_safety_only_policy_uses_the_default_nets() -> None:
     decisions = _walk(policy, trace)
     assert all(d.v_stop is None and d.action == "continue" for d in decisions)
     state = RunState()
+    assert policy.decide(state, proposed_stop=True).action == "continue"  # no decision point yet
     for ev in trace.events[:2]:
-        state.fold(ev)
-    assert policy.decide(state, proposed_stop=True).action == "continue"  # min_turns 2: not yet
-    for ev in trace.events[2:4]:
         state.fold(ev)
     d = policy.decide(state, proposed_stop=True)
     assert d.action == "stop" and d.reason == "information_complete" and d.to_dict()["finalize"] is True

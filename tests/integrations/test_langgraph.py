@@ -155,11 +155,11 @@ def test_router_asks_only_at_decision_points(server: LiveServer) -> None:
     """The first routing (task + first tool call) asks nothing; later ones ask at the tool
     result, holding the next tool call back; the outcome delivers what is still held."""
     router = StopServeRouter(server.url, safety={"max_turns": 2}, timeout=2.0)
-    config = {"configurable": {"thread_id": "lg-points"}, "recursion_limit": 20}
+    alone = {"configurable": {"thread_id": "lg-first-call"}}
     first = {"messages": [HumanMessage(content="go", id="h"), scripted(1).invoke([])]}
-    first["messages"][1].id = "a1"
-    assert router(first, config) == "tools"
-    assert router.decision(config=config) is None  # no decision point yet: nothing asked
+    assert router(first, alone) == "tools"
+    assert router.decision(config=alone) is None  # no decision point yet: nothing asked
+    config = {"configurable": {"thread_id": "lg-points"}, "recursion_limit": 20}
     state = build(router).invoke({"messages": [HumanMessage(content="go")]}, config)
     d = router.decision(config=config)
     assert d is not None and d.action == "stop" and d.turn == 2

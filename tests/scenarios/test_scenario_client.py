@@ -34,6 +34,7 @@ Scenario = Callable[[], Iterator[Turn]]
 SCENARIOS: dict[str, tuple[Scenario, int]] = {
     "loop": (stuck_loop, 40),
     "quality": (quality_run, 40),
+    "quality-no-channel": (lambda: quality_run(channel=None), 40),
     "productive": (productive_run, PRODUCTIVE_TURNS),
     "productive-no-reward": (lambda: productive_run(with_reward=False), PRODUCTIVE_TURNS),
 }
@@ -74,7 +75,7 @@ def check(name: str, answers: Sequence[DecideResponse], degraded: bool) -> None:
     if name == "loop":
         assert_loop_stop(answers)
         assert last.safety_net == "loop_detector" and last.pattern == "repeated_action_observation"
-    elif name == "quality":
+    elif name.startswith("quality"):
         reached = 2 * QUALITY_AT
         assert last.action == "stop" and last.reason == "quality_met", summary(answers)
         assert reached <= last.turn <= reached + QUALITY_WITHIN, summary(answers)

@@ -81,6 +81,11 @@ def test_quality_reaching_one_stops_within_two_decision_points(
 
 @pytest.mark.parametrize("with_reward", [True, False], ids=["rising-reward", "no-reward"])
 def test_productive_run_is_not_stopped_before_turn_20(default_server: LiveServer, with_reward: bool) -> None:
+    """New content every turn, no error, 1,500 tokens a turn; the reward (if any) rises from
+    0.05 by 0.02 a turn, 0.43 at turn 20: under the default model's base rule, which stops a
+    run whose reward reaches its threshold (``GET /v1/model`` ``rule``, "reward >= 0.4545"
+    when written; ``test_productive_run_stays_below_the_served_rule`` checks it). So only a
+    premature stop by something else (the learned value, a net) can fail this test."""
     run_id = f"http-productive-{with_reward}"
     answers = drive(
         productive_run(with_reward=with_reward), http_decide(default_server, run_id), PRODUCTIVE_TURNS

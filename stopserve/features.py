@@ -67,6 +67,8 @@ _INF: Final = math.inf
 
 #: Number of most recent outcomes the error share is taken over.
 ERROR_WINDOW: Final = 10
+#: Number of latest rewards (primary channel) the recent reward gain is taken over.
+REWARD_TREND_WINDOW: Final = 4
 #: Number of most recent events the distinct-ref ratio is taken over.
 REF_RATIO_WINDOW: Final = 20
 #: Content refs longer than this are hashed before they are remembered.
@@ -151,6 +153,9 @@ FEATURE_NAMES: Final[tuple[str, ...]] = (
     "error_share_total",
     "tokens_last_turn_ratio",
     "tokens_share_since_best",
+    # the reward's trend: a run still improving is not done
+    "reward_gain_recent",
+    "reward_improving_run",
 )
 
 #: Features grouped by what they describe (docs/features.md; the trainer's ablation table).
@@ -192,7 +197,15 @@ FEATURE_GROUPS: Final[dict[str, tuple[str, ...]]] = {
         "repeated_reply_run",
     ),
     "consensus": ("consensus_share", "consensus_agents"),
-    "rewards": ("reward_latest", "reward_best", "reward_delta", "turns_since_best", "tokens_since_best"),
+    "rewards": (
+        "reward_latest",
+        "reward_best",
+        "reward_delta",
+        "turns_since_best",
+        "tokens_since_best",
+        "reward_gain_recent",
+        "reward_improving_run",
+    ),
     "structure": (
         *(f"topology_{name}" for name in TOPOLOGIES),
         "stop_proposals",
@@ -295,6 +308,7 @@ class RunState:
         "_ident_run",
         "_ident_sig",
         "_ids",
+        "_improving_run",
         "_last_dt",
         "_last_new_result_turn",
         "_last_proposal_turn",
@@ -322,6 +336,7 @@ class RunState:
         "_reply_ids",
         "_reply_last",
         "_reply_run",
+        "_rewards_recent",
         "_same_err_run",
         "_same_res_run",
         "_seen_window",
@@ -412,6 +427,9 @@ class RunState:
         self._channel_latest: dict[str, float] = {}
         self._latest: float | None = None
         self._prev_reward: float | None = None
+        # the primary channel's latest rewards (trend) and its run of improvements
+        self._rewards_recent: deque[float] = deque(maxlen=REWARD_TREND_WINDOW)
+        self._improving_run = 0
         self._best: float | None = None
         self._best_turn = 0
         self._best_tokens = 0
@@ -741,6 +759,9 @@ class RunState:
             return
         self._prev_reward = self._latest
         self._latest = value
+        self._rewards_recent.append(value)
+        prev = self._prev_reward
+        self._improving_run = self._improving_run + 1 if prev is not None and value > prev else 0
         if self._best is None or value > self._best:
             self._best = value
             self._best_turn = self._turn + 1
@@ -823,9 +844,17 @@ class RunState:
             self._err_total / per_turn,
             self._tokens_last_turn * per_turn / self._tokens if self._tokens else _NAN,
             _NAN if best is None or not self._tokens else (self._tokens - self._best_tokens) / self._tokens,
+            self._reward_gain_recent(),
+            self._improving_run,
         ]
         # fromiter: 3x faster than np.array on a short list of mixed ints and floats
         return np.fromiter(values, dtype=np.float64, count=_N_FEATURES)
+
+    def _reward_gain_recent(self) -> float:
+        recent = self._rewards_recent
+        if len(recent) < 2:
+            return _NAN
+        return (recent[-1] - recent[0]) / (len(recent) - 1)
 
     def feature_dict(self) -> dict[str, float]:
         """The features by name (for humans and logs)."""

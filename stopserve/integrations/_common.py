@@ -113,6 +113,8 @@ def stop_text(decision: DecideResponse) -> str:
     ...                    propensity=1.0, safety_net="loop_detector", pattern="repeated_reply")
     >>> stop_text(d)
     'stopserve: stop (loop_detected), safety net loop_detector (repeated_reply), at turn 4'
+    >>> stop_text(d.model_copy(update={"reason": "no_progress", "safety_net": None}))
+    'stopserve: stop (no_progress), in a loop (repeated_reply), at turn 4'
     """
     text = f"stopserve: stop ({decision.reason or 'unknown'})"
     if decision.safety_net:
@@ -123,6 +125,8 @@ def stop_text(decision: DecideResponse) -> str:
             text += f" ({decision.pattern})"
     elif decision.rule:
         text += f", rule {decision.rule}"
+    if decision.pattern and not decision.safety_net:
+        text += f", in a loop ({decision.pattern})"  # a model stop while a loop is in progress
     text += f", at turn {decision.turn}"
     if decision.degraded:
         text += " [degraded: service unavailable, decided locally]"

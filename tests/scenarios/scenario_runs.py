@@ -145,12 +145,18 @@ def summary(answers: Sequence[Any]) -> str:
 
 
 def assert_loop_stop(answers: Sequence[Any]) -> dict[str, Any]:
-    """The stuck loop was stopped within ``LOOP_TURNS`` turns, by the loop detector."""
+    """The stuck loop was stopped within ``LOOP_TURNS`` turns, and the answer names the loop.
+
+    By the loop detector (``loop_detected``), or earlier by the model (``no_progress``)
+    while the loop was in progress: then ``pattern`` names what the run was repeating.
+    """
     last = answers[-1] if isinstance(answers[-1], dict) else answers[-1].model_dump()
     assert last["action"] == "stop", f"the stuck loop was never stopped:\n{summary(answers)}"
     assert len(answers) <= LOOP_TURNS, summary(answers)
-    assert last["reason"] == "loop_detected", f"stopped, but not as a loop:\n{summary(answers)}"
-    assert last["pattern"] in LOOP_PATTERNS, summary(answers)
+    assert last["reason"] in ("loop_detected", "no_progress"), (
+        f"stopped, but not for the loop:\n{summary(answers)}"
+    )
+    assert last["pattern"] in LOOP_PATTERNS, f"the answer does not name the loop:\n{summary(answers)}"
     return last
 
 

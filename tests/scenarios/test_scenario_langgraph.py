@@ -90,7 +90,10 @@ def check(state: dict[str, Any], service: Service) -> dict[str, Any]:
     last = state["messages"][-1]
     assert isinstance(last, AIMessage) and last.name == "stopserve", f"not stopped by stopserve: {last!r}"
     decision: dict[str, Any] = last.response_metadata["stopserve"]
-    assert "loop" in last.content and decision["reason"] == "loop_detected", f"{last.content}; {decision}"
+    assert "loop" in last.content and decision["reason"] in ("loop_detected", "no_progress"), (
+        f"{last.content}; {decision}"
+    )
+    assert decision["pattern"], decision
     assert decision["turn"] <= LOOP_TURNS and decision["degraded"] is service.down, decision
     print(f"\n{last.content}")
     return decision

@@ -1,4 +1,4 @@
-"""Issue 13, item 5: numbers out of range are a 422 naming the field, never a 500; a batch answers per item."""
+"""Issue 13, item 5: numbers out of range are a 422 naming the field; a batch answers per item."""
 
 from __future__ import annotations
 

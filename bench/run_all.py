@@ -33,6 +33,7 @@ SECTIONS: list[tuple[str, int]] = [
     ("bench_simulate.py", 600),
     ("bench_client.py", 300),
     ("bench_serve.py", 900),
+    ("bench_reliability.py", 1500),
 ]
 
 

@@ -123,8 +123,9 @@ class Engine:
             max_bytes=settings.max_store_bytes,
             on_evict=self._evicted,
         )
-        # large requests are validated and folded in worker threads, at most two at a time
-        self.heavy = anyio.CapacityLimiter(2)
+        # large requests are validated and folded in a worker thread, one at a time: the GIL
+        # is shared anyway, and the event loop keeps the rest for the small requests
+        self.heavy = anyio.CapacityLimiter(1)
         self.log: DecisionLog | None = None
         self.log_ok = True
         self._serving: Serving | None = None
@@ -171,7 +172,7 @@ class Engine:
         self.metrics.store_bytes.set(self.store.nbytes)
 
     async def offload(self, func: Callable[..., _T], *args: Any) -> _T:
-        """Run CPU-heavy work (a large body, many events) in a worker thread, two at most at once."""
+        """Run CPU-heavy work (a large body, many events) in a worker thread, one at a time."""
         return await anyio.to_thread.run_sync(func, *args, limiter=self.heavy)
 
     def close(self) -> None:

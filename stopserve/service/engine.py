@@ -135,6 +135,10 @@ class Engine:
         self._rng = random.Random(settings.seed)
         self._default_safety = self._parse_safety(settings.safety, "STOPSERVE_SAFETY")
         self._safety_cache: OrderedDict[bytes, SafetyConfig] = OrderedDict()
+        # a large request decides in a worker thread while the event loop decides the others:
+        # the policy's single-row predictor shares one output buffer, so decisions take turns
+        self._policy_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -342,9 +346,12 @@ class Engine:
         return DecideResponse.model_validate(answer)
 
     async def decide_stateless_async(self, req: StatelessDecideRequest) -> dict[str, Any]:
-        """:meth:`decide_stateless` on the event loop; the answer as a plain dict."""
+        """:meth:`decide_stateless` on the event loop (a long prefix in a worker thread); a plain dict."""
         start = time.perf_counter()
-        answer, record, decision = self._stateless(req)
+        if len(req.events) > INLINE_EVENTS:
+            answer, record, decision = await self.offload(self._stateless, req)
+        else:
+            answer, record, decision = self._stateless(req)
         await self._commit(record)
         self._observe(decision, start)
         return answer
@@ -446,14 +453,15 @@ class Engine:
         proposed_stop: bool,
     ) -> StopDecision:
         lam = lam if lam is not None else self.settings.lam
-        return policy.decide(
-            state,
-            lam=lam,
-            safety=safety if safety is not None else self._default_safety,
-            proposed_stop=proposed_stop,
-            epsilon=self.settings.epsilon,
-            rng=self._rng,
-        )
+        with self._policy_lock:
+            return policy.decide(
+                state,
+                lam=lam,
+                safety=safety if safety is not None else self._default_safety,
+                proposed_stop=proposed_stop,
+                epsilon=self.settings.epsilon,
+                rng=self._rng,
+            )
 
     def _observe(self, decision: StopDecision, start: float) -> None:
         self.metrics.latency.observe(time.perf_counter() - start)
@@ -778,9 +786,10 @@ class Engine:
             return cached
         cfg = self._parse_safety(raw, "safety")
         assert cfg is not None
-        self._safety_cache[key] = cfg
-        while len(self._safety_cache) > _SAFETY_CACHE:
-            self._safety_cache.popitem(last=False)
+        with self._cache_lock:
+            self._safety_cache[key] = cfg
+            while len(self._safety_cache) > _SAFETY_CACHE:
+                self._safety_cache.popitem(last=False)
         return cfg
 
     @staticmethod

@@ -157,12 +157,22 @@ def _metric(http: httpx.Client, name: str) -> float:
     return next(float(x.split()[1]) for x in text.splitlines() if x.startswith(name + " "))
 
 
-def p99_rounds(work: Path, rounds: int, seconds: float, max_body: int) -> dict[str, Any]:
-    """Normal clients' p99, quiet and under each hostile body of ``max_body`` bytes, rounds interleaved."""
+def p99_rounds(
+    work: Path, rounds: int, seconds: float, max_body: int, code: Path | None = None
+) -> dict[str, Any]:
+    """Normal clients' p99, quiet and under each hostile body of ``max_body`` bytes, rounds interleaved.
+
+    ``code``: serve the stopserve found there (e.g. an export of an older commit) instead.
+    """
     bodies = hostile_bodies(max_body)
     results: dict[str, list[dict[str, Any]]] = {"quiet": [], **{name: [] for name in bodies}}
     env = {"STOPSERVE_MAX_BODY_BYTES": str(max_body)}
-    with LiveServer(log_dir=work / f"p99-logs-{max_body}", no_model=True, env=env) as server:
+    command = None
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
+        command = [sys.executable, "-P", "-m", "stopserve.cli"]  # -P: not the stopserve in the cwd
+    logs = work / f"p99-logs-{'baseline' if code else 'this'}"
+    with LiveServer(log_dir=logs, no_model=True, env=env, command=command) as server:
         for _ in range(rounds):
             for name, rows in results.items():
                 if name == "quiet":
@@ -266,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--body", help=argparse.SUPPRESS)
     p.add_argument("--clients", type=int, default=2, help=argparse.SUPPRESS)
     p.add_argument("--max-body", type=int, default=8 * 1024 * 1024, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--baseline-code",
+        type=Path,
+        metavar="DIR",
+        help="also measure the p99 rounds against the stopserve in DIR (an export of an older commit)",
+    )
     args = p.parse_args(argv)
     if args.role == "normal":
         role_normal(args.url, args.seconds)
@@ -285,7 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     mem = memory(work, runs, turns)
     max_body = Settings().max_body_bytes  # the default: what a user who sets nothing gets
     p99 = p99_rounds(work, p99_n, seconds, max_body)
-    sec.data.update(kill=kill, disk=disk, memory=mem, p99=p99, seconds=time.monotonic() - started)
+    code = args.baseline_code
+    baseline = p99_rounds(work, p99_n, seconds, max_body, code.resolve()) if code else None
+    sec.data.update(kill=kill, disk=disk, memory=mem, p99=p99, baseline=baseline)
+    sec.data["seconds"] = time.monotonic() - started
     quiet = p99["quiet"]["p99_ms"]
     worst = max(v["p99_ms"] for k, v in p99.items() if k != "quiet")
     sent = kill["sent"] + disk["sent"] + sum(v["requests"] for v in p99.values())
@@ -341,17 +360,33 @@ def main(argv: list[str] | None = None) -> int:
             ["peak resident with both", f"{mem['rss_peak_mib_all']:.0f} MiB"],
         ],
     )
+    runs = [("this code", p99)] + ([(f"baseline: {args.baseline_code.name}", baseline)] if baseline else [])
     sec.table(
-        ["normal clients (2, own process)", "p50 ms", "p99 ms", "requests", "5xx", "hostile answers"],
         [
-            [name, v["p50_ms"], v["p99_ms"], v["requests"], v["5xx"], json.dumps(v["hostile"]) or ""]
-            for name, v in p99.items()
+            "server",
+            "normal clients (2, own process)",
+            "p50 ms",
+            "p99 ms",
+            "requests",
+            "5xx",
+            "hostile answers",
+        ],
+        [
+            [who, name, v["p50_ms"], v["p99_ms"], v["requests"], v["5xx"], json.dumps(v["hostile"]) or ""]
+            for who, table in runs
+            for name, v in table.items()
         ],
     )
     sec.add(
         f"Medians over {p99_n} interleaved rounds of {seconds:g} s each; two hostile clients in their own "
         f"process post {max_body / 2**20:g} MiB bodies (the default STOPSERVE_MAX_BODY_BYTES) to the decide "
-        "route without pause. The machine's 2 cores are shared with the clients and with other jobs.",
+        "route without pause. The machine's 2 cores are shared with the clients and with other jobs."
+        + (
+            f" The baseline rows serve the code in `{args.baseline_code}` through the same harness, "
+            "right after this code's rows."
+            if baseline
+            else ""
+        ),
     )
     sec.emit(args.out)
     return 0

@@ -96,129 +96,85 @@ LOOP_PATTERNS: Final[tuple[str, ...]] = (
 #: Event ids kept per agent for the repeated-reply report.
 _REPLY_ID_WINDOW: Final = 8
 
-FEATURE_NAMES: Final[tuple[str, ...]] = (
-    # progress
-    "elapsed_s",
-    "turn",
-    "n_events",
-    *(f"n_{kind}" for kind in EVENT_TYPES),
-    "agents_seen",
-    "agents_active",
-    "delegations_pending",
-    "seconds_last_event",
-    "seconds_per_turn",
-    # spend
-    "tokens",
-    "usd",
-    "tokens_per_turn",
-    "usd_per_turn",
-    "tokens_last_turn",
-    "budget_share_turns",
-    "budget_share_seconds",
-    "budget_share_tokens",
-    "budget_share_usd",
-    # errors
-    "errors_total",
-    "errors_consecutive",
-    "error_share_recent",
-    # repetition
-    "latest_ref_count",
-    "identical_run",
-    "identical_run_max",
-    "distinct_ref_ratio",
-    "abab_flag",
-    "same_result_run",
-    "same_error_run",
-    "monologue_run",
-    "alternation_len",
-    "cycle_repeats",
-    "repeated_reply_run",
-    # consensus
-    "consensus_share",
-    "consensus_agents",
-    # rewards
-    "reward_latest",
-    "reward_best",
-    "reward_delta",
-    "turns_since_best",
-    "tokens_since_best",
-    # structure
-    *(f"topology_{name}" for name in TOPOLOGIES),
-    "stop_proposals",
-    "turns_since_proposal",
-    "rounds_at_best",
+# Features in blocks: (group, names), in the order of the feature vector. A group may come back
+# in a later block (features added later go at the end: a model's feature order never moves).
+_BLOCKS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
+    (
+        "progress",
+        (
+            "elapsed_s",
+            "turn",
+            "n_events",
+            *(f"n_{kind}" for kind in EVENT_TYPES),
+            "agents_seen",
+            "agents_active",
+            "delegations_pending",
+            "seconds_last_event",
+            "seconds_per_turn",
+        ),
+    ),
+    (
+        "spend",
+        (
+            "tokens",
+            "usd",
+            "tokens_per_turn",
+            "usd_per_turn",
+            "tokens_last_turn",
+            "budget_share_turns",
+            "budget_share_seconds",
+            "budget_share_tokens",
+            "budget_share_usd",
+        ),
+    ),
+    ("errors", ("errors_total", "errors_consecutive", "error_share_recent")),
+    (
+        "repetition",
+        (
+            "latest_ref_count",
+            "identical_run",
+            "identical_run_max",
+            "distinct_ref_ratio",
+            "abab_flag",
+            "same_result_run",
+            "same_error_run",
+            "monologue_run",
+            "alternation_len",
+            "cycle_repeats",
+            "repeated_reply_run",
+        ),
+    ),
+    ("consensus", ("consensus_share", "consensus_agents")),
+    ("rewards", ("reward_latest", "reward_best", "reward_delta", "turns_since_best", "tokens_since_best")),
+    (
+        "structure",
+        (
+            *(f"topology_{name}" for name in TOPOLOGIES),
+            "stop_proposals",
+            "turns_since_proposal",
+            "rounds_at_best",
+        ),
+    ),
     # progress on real runs: scale-free (shares and ratios), so they transfer across systems
-    "proposals_rejected",
-    "turns_since_new_result",
-    "error_share_total",
-    "tokens_last_turn_ratio",
-    "tokens_share_since_best",
+    (
+        "real_runs",
+        (
+            "proposals_rejected",
+            "turns_since_new_result",
+            "error_share_total",
+            "tokens_last_turn_ratio",
+            "tokens_share_since_best",
+        ),
+    ),
     # the reward's trend: a run still improving is not done
-    "reward_gain_recent",
-    "reward_improving_run",
+    ("rewards", ("reward_gain_recent", "reward_improving_run")),
 )
+
+FEATURE_NAMES: Final[tuple[str, ...]] = tuple(name for _, names in _BLOCKS for name in names)
 
 #: Features grouped by what they describe (docs/features.md; the trainer's ablation table).
 FEATURE_GROUPS: Final[dict[str, tuple[str, ...]]] = {
-    "progress": (
-        "elapsed_s",
-        "turn",
-        "n_events",
-        *(f"n_{kind}" for kind in EVENT_TYPES),
-        "agents_seen",
-        "agents_active",
-        "delegations_pending",
-        "seconds_last_event",
-        "seconds_per_turn",
-    ),
-    "spend": (
-        "tokens",
-        "usd",
-        "tokens_per_turn",
-        "usd_per_turn",
-        "tokens_last_turn",
-        "budget_share_turns",
-        "budget_share_seconds",
-        "budget_share_tokens",
-        "budget_share_usd",
-    ),
-    "errors": ("errors_total", "errors_consecutive", "error_share_recent"),
-    "repetition": (
-        "latest_ref_count",
-        "identical_run",
-        "identical_run_max",
-        "distinct_ref_ratio",
-        "abab_flag",
-        "same_result_run",
-        "same_error_run",
-        "monologue_run",
-        "alternation_len",
-        "cycle_repeats",
-        "repeated_reply_run",
-    ),
-    "consensus": ("consensus_share", "consensus_agents"),
-    "rewards": (
-        "reward_latest",
-        "reward_best",
-        "reward_delta",
-        "turns_since_best",
-        "tokens_since_best",
-        "reward_gain_recent",
-        "reward_improving_run",
-    ),
-    "structure": (
-        *(f"topology_{name}" for name in TOPOLOGIES),
-        "stop_proposals",
-        "turns_since_proposal",
-        "rounds_at_best",
-    ),
-    "real_runs": (
-        "proposals_rejected",
-        "turns_since_new_result",
-        "error_share_total",
-        "tokens_last_turn_ratio",
-        "tokens_share_since_best",
-    ),
+    group: tuple(n for g, names in _BLOCKS if g == group for n in names) for group, _ in _BLOCKS
 }
 
 #: Features measured in a system's own absolute units (seconds, tokens, dollars): they tell

@@ -442,8 +442,10 @@ def _load_whole(run: Run, flat: list[bytes]) -> None:
     ids: set[str] = set()
     for i in range(0, len(flat), 2):
         name = flat[i].decode()
-        value = flat[i + 1].decode()
         kind, _, key = name.partition(":")
+        if not key:
+            continue  # v, s: read already
+        value = flat[i + 1].decode()
         if kind == "e":
             events[int(key)] = value
         elif kind == "i":

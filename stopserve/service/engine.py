@@ -162,7 +162,10 @@ class Engine:
 
     def tick(self) -> None:
         """Periodic work: expire idle runs, fsync the logs on the interval."""
-        self.store.sweep()
+        try:
+            self.store.sweep()
+        except StoreUnavailableError as exc:  # the next call says so to its client; the logs go on
+            _log.warning("run store sweep: %s", exc)
         self.update_gauges()
         if self.log is not None:
             try:

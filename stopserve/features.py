@@ -1077,12 +1077,12 @@ def _pairs_in(raw: list[Any]) -> deque[_Pair]:
 
 
 def _sigs_in(raw: list[Any]) -> deque[_Sig]:
-    return deque((_sig(x) for x in raw), maxlen=CYCLE_MAX_PERIOD)
+    return deque(map(tuple, raw), maxlen=CYCLE_MAX_PERIOD)
 
 
-def _sig(raw: list[Any]) -> _Sig:
-    agent, kind, tool, to, ref, value, err = raw
-    return (agent, kind, tool, to, ref, value, err)
+def _sig_pos_in(raw: list[Any]) -> dict[_Sig, int]:
+    keys, positions = raw
+    return dict(zip(map(tuple, keys), positions, strict=True))
 
 
 _ENCODE: Final[dict[str, Callable[[Any], Any]]] = {
@@ -1091,7 +1091,7 @@ _ENCODE: Final[dict[str, Callable[[Any], Any]]] = {
     "_agents": sorted,
     "_pending_action": lambda e: None if e is None else e.model_dump_json(by_alias=True, exclude_none=True),
     "_reply_ids": lambda d: {k: list(v) for k, v in d.items()},
-    "_sig_pos": lambda d: [[list(k), v] for k, v in d.items()],
+    "_sig_pos": lambda d: [list(d), list(d.values())],
     "_sigs": lambda q: [list(k) for k in q],
     "_ident_sig": lambda t: None if t is None else list(t),
 }
@@ -1102,7 +1102,7 @@ _DECODE: Final[dict[str, Callable[[Any], Any]]] = {
     "_pending_action": lambda e: None if e is None else Event.model_validate_json(e),
     "_pairs": _pairs_in,
     "_reply_ids": lambda d: {k: deque(v, maxlen=_REPLY_ID_WINDOW) for k, v in d.items()},
-    "_sig_pos": lambda pairs: {_sig(k): v for k, v in pairs},
+    "_sig_pos": _sig_pos_in,
     "_sigs": _sigs_in,
     "_ident_sig": lambda t: None if t is None else tuple(t),
 }

@@ -176,7 +176,7 @@ def test_bad_bytes_are_refused_with_what_is_wrong() -> None:
         msgpack.packb(
             {**doc, "slots": {k: v for k, v in doc["slots"].items() if k != "_turn"}}
         ): "lacks _turn",
-        msgpack.packb({**doc, "slots": {**doc["slots"], "_sig_pos": [[1, 2]]}}): "malformed",
+        msgpack.packb({**doc, "slots": {**doc["slots"], "_sig_pos": [[1, 2], [3]]}}): "malformed",
     }
     for data, words in cases.items():
         with pytest.raises(ValueError, match=words):

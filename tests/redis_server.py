@@ -21,7 +21,6 @@ from pathlib import Path
 from types import TracebackType
 
 import pytest
-
 from servers import free_port
 
 __all__ = ["RedisServer", "need_redis"]

@@ -3,14 +3,15 @@
 :class:`RunStore` is the interface the service needs (get, add, charge, pop, forget,
 sweep, count, bytes); :class:`MemoryRunStore` keeps runs in an ``OrderedDict`` in
 least-recently used order, so LRU eviction and idle-TTL expiry are O(1) per call
-(expired runs sit at the front). A shared store (Redis) can implement the same
-interface to serve several replicas.
+(expired runs sit at the front). :class:`~stopserve.service.redis_store.RedisRunStore`
+implements the same interface on Redis, so several replicas serve the same runs
+(``shared``: a call works on a copy and saves it back, or starts over on a conflict).
 
 A run the store drops is not forgotten silently: :meth:`RunStore.get` answers
 :class:`Evicted` for its id (LRU, byte cap or idle TTL), an explicit outcome the
 service turns into 409 ``run_evicted``, so a run is never started over at turn 1
-with its safety nets reset. A Redis store reports an expired key the same way
-(a tombstone key with its own TTL).
+with its safety nets reset. The Redis store reports an expired or evicted run the same
+way (a marker key that outlives the run).
 
 Memory: each run is charged the bytes it retains (:func:`event_bytes`,
 :func:`decision_bytes`, an upper bound checked against ``tracemalloc`` in the

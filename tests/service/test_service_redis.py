@@ -163,3 +163,14 @@ def test_two_workers_share_runs_through_redis(redis: RedisServer, tmp_path: Path
             assert turns == list(range(1, 13))
         assert server.read_output().count("Started server process") == 2, server.read_output()
     assert len(lines(tmp_path / "decisions.jsonl")) == 12  # one log file, shared by the workers
+
+
+def test_a_run_named_twice_in_a_batch_is_decided_in_order(redis: RedisServer, tmp_path: Path) -> None:
+    with make_client(tmp_path, store=redis.url) as c:
+        runs = [{"run_id": "bb", "events": turn_events(i)} for i in range(4)] + [
+            {"run_id": "other", "events": turn_events(0)}
+        ]
+        r = c.post("/v1/decide:batch", json={"runs": runs})
+        assert r.status_code == 200
+        turns = [x["decision"]["turn"] for x in r.json()["results"]]
+        assert turns == [1, 2, 3, 4, 1]

@@ -42,7 +42,7 @@ INSTALL = ".[redis]"
 
 def pip_target(run: str) -> str:
     """The one requirement a ``python -m pip install X && ...`` step installs."""
-    return shlex.split(run.split("&&")[0])[4]
+    return shlex.split(run.split("&&", maxsplit=1)[0])[4]
 
 
 def test_dockerfile_steps_are_what_this_test_runs() -> None:

@@ -156,6 +156,17 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                     )
         results = {name: {c: median_run(rs) for c, rs in per.items()} for name, per in rounds.items()}
+        # each ratio against the baseline measured in the same round (seconds apart), then the median
+        ratios = {
+            name: {
+                c: {
+                    key: _median([r[key] / b[key] for r, b in zip(rs, rounds["memory x1"][c], strict=True)])
+                    for key in ("rps", "p99_us")
+                }
+                for c, rs in per.items()
+            }
+            for name, per in rounds.items()
+        }
         memory_used = redis_cli(redis_port, "INFO", "memory") or {}
         runs_in_redis = sum(1 for _ in _scan(redis_port))
     finally:
@@ -163,11 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             s.stop()
         redis_proc.kill()
         redis_proc.wait(10)
-    base = results["memory x1"]
     sec.add(
         f"Model: {how if mdir else 'none, safety nets only (' + how + ')'}. Decision log off (the store is "
-        f"what is compared). wrk {seconds:.0f} s a round, {n_rounds} round(s), medians; "
-        "connections split over the replicas of a setup; p99 is the worst replica's.",
+        f"what is compared). wrk {seconds:.0f} s a round, {n_rounds} round(s); figures are medians over "
+        "rounds, ratios the median of each round's ratio to `memory x1` in that round; connections split "
+        "over the replicas of a setup; p99 is the worst replica's.",
         "",
     )
     rows = []
@@ -179,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
                     name,
                     c,
                     round(r["rps"]),
-                    round(r["rps"] / base[c]["rps"], 2),
+                    round(ratios[name][c]["rps"], 2),
                     round(r["p50_us"] / 1e3, 2),
                     round(r["p99_us"] / 1e3, 2),
-                    round(r["p99_us"] / base[c]["p99_us"], 2),
+                    round(ratios[name][c]["p99_us"], 2),
                     int(r["errors"]),
                 ]
             )
@@ -208,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs of up to 20 calls, 40 events).",
         "",
     )
-    sec.data = {"results": results, "calls_per_decide": calls_per_decide}
+    sec.data = {"results": results, "ratios": ratios, "calls_per_decide": calls_per_decide}
     sec.add(
         *details(
             "machine load", subprocess.run(["uptime"], check=False, capture_output=True, text=True).stdout
@@ -216,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     sec.emit(args.out)
     return 0
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _scan(port: int) -> Any:

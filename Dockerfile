@@ -15,8 +15,9 @@ COPY models/default ./models/default
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libgomp1 \
     && rm -rf /var/lib/apt/lists/*
-# the project without extras: the runtime only (the wheel carries models/default as stopserve/_default_model)
-RUN python -m pip install . \
+# the runtime and the Redis client (STOPSERVE_STORE=redis://... shares runs between replicas);
+# the wheel carries models/default as stopserve/_default_model
+RUN python -m pip install ".[redis]" \
     && useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin stopserve \
     && mkdir -p /var/lib/stopserve \
     && chown stopserve /var/lib/stopserve

@@ -1,7 +1,7 @@
 """ASGI apps the serving benchmark starts, all the same way (``uvicorn --factory``).
 
 - ``stopserve_app``: the real service, ``create_app(Settings(...))``, configured from
-  ``BENCH_*`` variables (model, decision log on/off, fsync policy).
+  ``BENCH_*`` variables (model, decision log on/off, fsync policy, run store).
 - ``bare_app``: a bare FastAPI endpoint on the same path accepting the same JSON body
   and answering a decide-shaped constant: the framework's floor (``async def``);
   ``bare_sync_app``: the same with a ``def`` route, which FastAPI runs in a thread pool.
@@ -60,6 +60,7 @@ def stopserve_app() -> Any:
         no_model=not model,
         log_dir=Path(log_dir) if log_dir else None,
         fsync=os.environ.get("BENCH_FSYNC", "interval"),
+        store=os.environ.get("BENCH_STORE") or None,
         log_level="warning",
     )
     return create_app(settings)

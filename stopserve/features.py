@@ -39,12 +39,13 @@ stop proposed yet) is ``NaN``, which LightGBM treats as missing. Per-event
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import operator
 from collections import deque
-from collections.abc import Iterable
-from typing import Final
+from collections.abc import Callable, Iterable
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -212,6 +213,8 @@ _TOPOLOGY_INDEX: Final = {name: i for i, name in enumerate(TOPOLOGIES)}
 
 # a finished action: ((agent, tool, action ref), result ref, failed, event ids)
 _Pair = tuple[tuple[str, str | None, str | None], str | None, bool, tuple[str, ...]]
+# an event's signature for the repeated-cycle counter: (agent, type, tool, to, ref, value, error)
+_Sig = tuple[str, str, str | None, str | None, str | None, float | None, bool | None]
 
 
 def _digest(ref: str) -> str:
@@ -367,9 +370,8 @@ class RunState:
         self._reply_ids: dict[str, deque[str]] = {}
         self._reply_agent: str | None = None
         # repeated cycle: event signatures of the last CYCLE_MAX_PERIOD events
-        # hashes of event signatures (a 64-bit collision is as likely as a cosmic ray)
-        self._sigs: deque[int] = deque(maxlen=CYCLE_MAX_PERIOD)
-        self._sig_pos: dict[int, int] = {}
+        self._sigs: deque[_Sig] = deque(maxlen=CYCLE_MAX_PERIOD)
+        self._sig_pos: dict[_Sig, int] = {}
 
         self._cyc_period = 0
         self._cyc_len = 0
@@ -522,7 +524,9 @@ class RunState:
         self._refs_recent.append(ref)
 
         # repeated cycle: this event repeats the one `period` events back, as its predecessors did
-        csig = hash((agent, kind, tool, to, ref, value, err))
+        # (the signature itself, not its hash(): str hashes are salted per process, and a run's
+        # state moves between processes with to_bytes)
+        csig = (agent, kind, tool, to, ref, value, err)
         index = self._n_events - 1
         period = self._cyc_period
         if period and self._sigs[-period] == csig:
@@ -918,6 +922,62 @@ class RunState:
             return repeats
         return 0
 
+    # ------------------------------------------------------------------ serialization
+
+    def to_bytes(self) -> bytes:
+        """The whole state as compact bytes (MessagePack of plain values, format version first).
+
+        For a run whose state moves between processes (the service's shared run store):
+        :meth:`from_bytes` in any process gives a state that folds on exactly as this one
+        would. Never pickle: the bytes hold only numbers, strings, lists and maps, and
+        :meth:`from_bytes` checks the format and version before it builds anything.
+
+        >>> s = RunState(topology="harness")
+        >>> s.fold(Event(id="a", t=0.0, type="tool_use", agent="x"))
+        True
+        >>> RunState.from_bytes(s.to_bytes()).n_events
+        1
+        """
+        msgpack = _msgpack()
+        slots = {name: _ENCODE.get(name, _plain)(getattr(self, name)) for name in _STATE_SLOTS}
+        return bytes(msgpack.packb({"format": STATE_FORMAT, "version": STATE_VERSION, "slots": slots}))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> RunState:
+        """The state :meth:`to_bytes` wrote; ``ValueError`` naming what is wrong for anything else."""
+        msgpack = _msgpack()
+        try:
+            doc = msgpack.unpackb(data, strict_map_key=False, use_list=True)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise ValueError(f"not a serialized RunState: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a serialized RunState (no {STATE_FORMAT!r} header)")
+        version = doc.get("version")
+        if version != STATE_VERSION:
+            raise ValueError(
+                f"RunState format version {version!r}, this stopserve reads version {STATE_VERSION} only"
+            )
+        slots = doc.get("slots")
+        if not isinstance(slots, dict):
+            raise ValueError("serialized RunState lacks its slots")
+        missing = sorted(set(_STATE_SLOTS) - set(slots))
+        if missing:
+            raise ValueError(f"serialized RunState lacks {', '.join(missing)}")
+        state = cls.__new__(cls)
+        bounds = _deque_bounds()
+        try:
+            for name in _STATE_SLOTS:
+                decode = _DECODE.get(name)
+                value = slots[name]
+                if decode is not None:
+                    value = decode(value)
+                elif name in bounds:  # a bounded deque: its bound is this version's
+                    value = deque(value, maxlen=bounds[name])
+                setattr(state, name, value)
+        except (TypeError, ValueError, KeyError, IndexError) as exc:
+            raise ValueError(f"serialized RunState is malformed: {exc}") from None
+        return state
+
     def loop_events(self, pattern: str) -> list[str]:
         """Ids of the events in the current run of ``pattern`` (the latest 64 at most)."""
         if pattern == "monologue":
@@ -933,3 +993,72 @@ class RunState:
         run = self.loop_run(pattern)
         pairs = list(self._pairs)[-run:] if run else []
         return [eid for pair in pairs for eid in pair[3]]
+
+
+# ---------------------------------------------------------------------- serialization helpers
+
+#: The header of :meth:`RunState.to_bytes`; a change of what a slot means bumps the version.
+STATE_FORMAT: Final = "stopserve.runstate"
+STATE_VERSION: Final = 1
+_STATE_SLOTS: Final[tuple[str, ...]] = RunState.__slots__
+
+
+def _msgpack() -> Any:
+    try:
+        import msgpack
+    except ImportError:  # pragma: no cover - the [redis] extra brings it
+        raise ImportError(
+            "RunState.to_bytes/from_bytes need msgpack: pip install 'stopserve[redis]'"
+        ) from None
+    return msgpack
+
+
+@functools.cache
+def _deque_bounds() -> dict[str, int | None]:
+    """The bound of each deque slot, as this version sizes them."""
+    fresh = RunState()
+    return {n: v.maxlen for n in _STATE_SLOTS if isinstance(v := getattr(fresh, n), deque)}
+
+
+def _plain(value: Any) -> Any:
+    """Numbers, strings, None and maps of them go as they are; a deque as its items."""
+    return list(value) if isinstance(value, deque) else value
+
+
+def _pairs_in(raw: list[Any]) -> deque[_Pair]:
+    return deque(
+        (((a[0], a[1], a[2]), ref, failed, tuple(ids)) for a, ref, failed, ids in raw),
+        maxlen=LOOP_ID_WINDOW // 2,
+    )
+
+
+def _sigs_in(raw: list[Any]) -> deque[_Sig]:
+    return deque(map(tuple, raw), maxlen=CYCLE_MAX_PERIOD)
+
+
+def _sig_pos_in(raw: list[Any]) -> dict[_Sig, int]:
+    keys, positions = raw
+    return dict(zip(map(tuple, keys), positions, strict=True))
+
+
+_ENCODE: Final[dict[str, Callable[[Any], Any]]] = {
+    "_budget": lambda b: None if b is None else b.model_dump(exclude_none=True),
+    "_ids": list,
+    "_agents": sorted,
+    "_pending_action": lambda e: None if e is None else e.model_dump_json(by_alias=True, exclude_none=True),
+    "_reply_ids": lambda d: {k: list(v) for k, v in d.items()},
+    "_sig_pos": lambda d: [list(d), list(d.values())],
+    "_sigs": lambda q: [list(k) for k in q],
+    "_ident_sig": lambda t: None if t is None else list(t),
+}
+_DECODE: Final[dict[str, Callable[[Any], Any]]] = {
+    "_budget": lambda b: None if b is None else Budget.model_validate(b),
+    "_ids": dict.fromkeys,
+    "_agents": set,
+    "_pending_action": lambda e: None if e is None else Event.model_validate_json(e),
+    "_pairs": _pairs_in,
+    "_reply_ids": lambda d: {k: deque(v, maxlen=_REPLY_ID_WINDOW) for k, v in d.items()},
+    "_sig_pos": _sig_pos_in,
+    "_sigs": _sigs_in,
+    "_ident_sig": lambda t: None if t is None else tuple(t),
+}

@@ -21,6 +21,8 @@ from stopserve.errors import ConfigError, Issue
 
 __all__ = ["Settings", "default_model_dir", "load_settings"]
 
+_STORE_SCHEMES = ("redis://", "rediss://", "unix://")
+
 
 class Settings(BaseSettings):
     """Service settings (env prefix ``STOPSERVE_``; CLI options override them)."""
@@ -34,7 +36,16 @@ class Settings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="Bind address.")
     port: int = Field(default=8080, ge=0, le=65535)
     workers: int = Field(
-        default=1, ge=1, description="Worker processes: only 1 (a run's state lives in one process)."
+        default=1,
+        ge=1,
+        description="Worker processes; above 1 only with a shared run store (STOPSERVE_STORE=redis://...).",
+    )
+    store: str | None = Field(
+        default=None,
+        description=(
+            "Where live runs are kept: unset or 'memory' (this process), or a Redis URL "
+            "(redis://host:port/db, rediss://, unix://) shared by several replicas or workers."
+        ),
     )
     log_dir: Path | None = Field(
         default=Path("stopserve-logs"), description="Decision and trace logs; empty: no logging."
@@ -90,6 +101,24 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: Any) -> Any:
         # STOPSERVE_LOG_DIR= (empty) means "no log", not the current folder
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store_url(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value.strip().lower() in {"", "memory"}):
+            return None
+        if not isinstance(value, str) or not value.strip().lower().startswith(_STORE_SCHEMES):
+            shown = value if not isinstance(value, str) else value.split("@")[-1]
+            raise ValueError(
+                f"{shown!r} is not a run store: 'memory', or a Redis URL "
+                "(redis://host:port/db, rediss://host:port/db, unix:///path/redis.sock)"
+            )
+        return value.strip()
+
+    @property
+    def shared_store(self) -> bool:
+        """Live runs are kept outside this process (several replicas or workers may serve them)."""
+        return self.store is not None
 
     @field_validator("safety")
     @classmethod

@@ -144,3 +144,15 @@ def test_reliability_smoke(workdir: Path) -> None:
     assert data["memory"]["live_runs"] == 200
     for row in data["p99"].values():
         assert row["requests"] > 0 and row["5xx"] == 0
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install -y wrk)")
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_replicas_smoke(workdir: Path) -> None:
+    doc = _run("bench_replicas.py", workdir)
+    results = doc["data"]["results"]
+    for name in ("memory x1", "redis x1"):
+        for r in results[name].values():
+            assert r["requests"] > 0 and r["errors"] == 0, (name, r)
+    # one read and one write round trip per decide
+    assert doc["data"]["calls_per_decide"]["redis x1"] == pytest.approx(2.0, abs=0.05)

@@ -27,6 +27,7 @@ import contextlib
 import gc
 import hmac
 import logging
+import os
 import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping, Sequence
@@ -62,12 +63,12 @@ from stopserve.api import (
     StatelessDecideRequest,
 )
 from stopserve.errors import AuthError, ConfigError, Issue, RunLimitError, StopServeError
-from stopserve.service.engine import Engine, LogUnavailableError, load_policy
+from stopserve.service.engine import Engine, LogUnavailableError, StoreUnavailableError, load_policy
 from stopserve.service.errors import error_response, install_error_handlers
 from stopserve.service.metrics import CONTENT_TYPE, Metrics
 from stopserve.settings import Settings, load_settings
 
-__all__ = ["LeanRoute", "create_app", "serve_command"]
+__all__ = ["LeanRoute", "app_from_env", "create_app", "serve_command"]
 
 _log = logging.getLogger("stopserve.service")
 
@@ -474,6 +475,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            await engine.aclose()
             engine.close()
 
     app = FastAPI(
@@ -488,6 +490,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return error_response(503, "log_unavailable", str(exc))
 
     app.add_exception_handler(LogUnavailableError, log_unavailable)
+
+    async def store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(503, "store_unavailable", str(exc))
+
+    app.add_exception_handler(StoreUnavailableError, store_unavailable)
     generic = app.exception_handlers[StopServeError]
 
     async def too_many(request: Request, exc: Exception) -> Response:
@@ -646,14 +653,16 @@ def serve_command(args: argparse.Namespace) -> int:
     if getattr(args, "no_model", False):
         overrides["no_model"] = True
     settings = load_settings(**overrides)
-    if settings.workers > 1:
+    if settings.workers > 1 and not settings.shared_store:
         where = "--workers" if overrides["workers"] is not None else "STOPSERVE_WORKERS"
         raise ConfigError(
-            f"{where} {settings.workers}: refused: a run's state (turn count, safety nets, events) lives in "
-            "one process, and workers would each see part of a run's calls. Run one worker; for more "
-            "capacity run several independent sidecars, each owning its own runs (send every call of a "
-            "run to the same one). A shared run store, which would allow several workers, is planned."
+            f"{where} {settings.workers}: refused without a shared run store: a run's state (turn count, "
+            "safety nets, events) would live in one process, and workers would each see part of a run's "
+            "calls. Set STOPSERVE_STORE=redis://host:port/db (a shared run store) for several workers, "
+            "or run one worker; or run several independent sidecars, each owning its own runs."
         )
+    if settings.shared_store:
+        _check_store(settings)
     path = settings.resolved_model_dir()
     # check the model now, so a bad one is a one-line CLI error rather than a worker traceback
     if path is not None:
@@ -673,6 +682,21 @@ def serve_command(args: argparse.Namespace) -> int:
     # a worker thread validating a large body hands the GIL back to the event loop within 1 ms
     # (the default 5 ms would be the p99 of every small request meanwhile)
     sys.setswitchinterval(0.001)
+    if settings.workers > 1:
+        # each worker process builds its app from the environment: the options go there too
+        for name, value in overrides.items():
+            if value is not None:
+                os.environ[f"STOPSERVE_{name.upper()}"] = str(value).lower() if value is True else str(value)
+        uvicorn.run(
+            "stopserve.service.app:app_from_env",
+            factory=True,
+            workers=settings.workers,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            access_log=settings.access_log,
+        )
+        return 0
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -681,3 +705,26 @@ def serve_command(args: argparse.Namespace) -> int:
         access_log=settings.access_log,
     )
     return 0
+
+
+def app_from_env() -> FastAPI:
+    """The app of one ``--workers`` process: settings from the ``STOPSERVE_`` environment."""
+    settings = load_settings()
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    sys.setswitchinterval(0.001)
+    return create_app(settings)
+
+
+def _check_store(settings: Settings) -> None:
+    """Reach the shared run store now: an unreachable one is a one-line error, not a worker traceback."""
+    from stopserve.service.store import StoreUnavailableError, open_store
+
+    store = open_store(settings, load_safety=dict)
+    try:
+        store.ping()
+    except StoreUnavailableError as exc:
+        raise ConfigError(f"STOPSERVE_STORE: {exc}") from None
+    finally:
+        store.close_store()

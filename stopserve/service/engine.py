@@ -63,23 +63,27 @@ from stopserve.errors import (
     StopServeError,
     TraceValidationError,
 )
-from stopserve.features import FEATURE_NAMES, RunState
+from stopserve.features import FEATURE_NAMES, LOOP_ID_WINDOW, RunState
 from stopserve.policy import Policy, StopDecision
 from stopserve.safety import SafetyConfig
 from stopserve.service.log import DecisionLog
 from stopserve.service.metrics import Metrics
 from stopserve.service.store import (
+    Closed,
     Evicted,
     EvictionCause,
-    MemoryRunStore,
+    Found,
     Run,
+    RunStore,
+    StoreUnavailableError,
     decision_bytes,
     event_bytes,
+    open_store,
 )
 from stopserve.settings import Settings
 from stopserve.trace import Event, Stop, check_trace
 
-__all__ = ["Engine", "LogUnavailableError", "Serving", "load_policy"]
+__all__ = ["Engine", "LogUnavailableError", "Serving", "StoreUnavailableError", "load_policy"]
 
 _log = logging.getLogger("stopserve.service")
 
@@ -88,6 +92,8 @@ _SAFETY_CACHE = 64
 _NO_DECISION = {"decision"}
 #: A decide call folding more events than this runs off the event loop (in a worker thread).
 INLINE_EVENTS: Final = 64
+#: Tries of a call whose shared run another call changed between its read and its write.
+_ATTEMPTS: Final = 16
 #: Room kept in a run's byte cap for the decision a call adds (its JSON text is a few hundred bytes).
 _DECISION_RESERVE: Final = 1024
 #: Bounds of a safety config sent in a request (beyond them: 422 naming the field).
@@ -117,12 +123,7 @@ class Engine:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.store = MemoryRunStore(
-            max_runs=settings.max_runs,
-            ttl_s=settings.run_ttl_s,
-            max_bytes=settings.max_store_bytes,
-            on_evict=self._evicted,
-        )
+        self.store: RunStore = open_store(settings, on_evict=self._evicted, load_safety=self._safety)
         # large requests are validated and folded in a worker thread, one at a time: the GIL
         # is shared anyway, and the event loop keeps the rest for the small requests
         self.heavy = anyio.CapacityLimiter(1)
@@ -131,7 +132,6 @@ class Engine:
         self._serving: Serving | None = None
         self._reload_lock = threading.Lock()
         self._create_lock = threading.Lock()
-        self._closed: OrderedDict[str, None] = OrderedDict()
         self._rng = random.Random(settings.seed)
         self._default_safety = self._parse_safety(settings.safety, "STOPSERVE_SAFETY")
         self._safety_cache: OrderedDict[bytes, SafetyConfig] = OrderedDict()
@@ -143,7 +143,8 @@ class Engine:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Open the logs and load the model (refuses to start on a bad model)."""
+        """Reach the run store, open the logs and load the model (refuses to start on a bad model)."""
+        self.store.ping()
         s = self.settings
         if s.log_dir is not None and str(s.log_dir):
             self.log = DecisionLog(
@@ -161,7 +162,10 @@ class Engine:
 
     def tick(self) -> None:
         """Periodic work: expire idle runs, fsync the logs on the interval."""
-        self.store.sweep()
+        try:
+            self.store.sweep()
+        except StoreUnavailableError as exc:  # the next call says so to its client; the logs go on
+            _log.warning("run store sweep: %s", exc)
         self.update_gauges()
         if self.log is not None:
             try:
@@ -180,10 +184,15 @@ class Engine:
         return await anyio.to_thread.run_sync(func, *args, limiter=self.heavy)
 
     def close(self) -> None:
-        """Flush and close the logs."""
+        """Flush and close the logs; release the run store's connections."""
         if self.log is not None:
             self.log.close()
             self.log = None
+        self.store.close_store()
+
+    async def aclose(self) -> None:
+        """Release what the event loop holds (a shared store's connections)."""
+        await self.store.aclose_store()
 
     @property
     def serving(self) -> Serving:
@@ -241,12 +250,23 @@ class Engine:
         """
         start = time.perf_counter()
         self._check_request(req.events)
-        run = self._get_or_create(run_id, req)
-        with run.lock:
-            answer, record, decision = self._decide_locked(run, run_id, req)
-            if record is not None:
-                self._write_decision(record)
-                run.last_response = answer
+        for attempt in range(_ATTEMPTS):
+            run = self._get_or_create(run_id, req)
+            with run.lock:
+                answer, record, decision = self._decide_locked(run, run_id, req)
+                if record is not None and not self.store.save(run, record):
+                    time.sleep(_backoff_s(attempt))
+                    continue  # a shared run changed since it was read: again, from the read
+                line = record if record is not None else _replayed(run)
+                if line is not None:
+                    try:
+                        self._write_decision(line)
+                    except LogUnavailableError:
+                        self._unanswered(run)
+                        raise
+            break
+        else:
+            raise _contended(run_id)
         self.update_gauges()
         if decision is not None:
             self._observe(decision, start)
@@ -255,23 +275,34 @@ class Engine:
     async def decide_async(self, run_id: str, req: DecideRequest) -> dict[str, Any]:
         """:meth:`decide` on the event loop; the answer as a plain dict (DecideResponse fields).
 
-        Only the wait for the decision log is awaited, and the answer comes after it:
-        every answered decision is in the log (durable under ``fsync="always"``). A call
-        folding more than :data:`INLINE_EVENTS` events is folded in a worker thread, so
-        one large request does not hold up the others.
+        Only the wait for the decision log (and a shared store's read and write) is
+        awaited, and the answer comes after it: every answered decision is in the log
+        (durable under ``fsync="always"``). A call folding more than :data:`INLINE_EVENTS`
+        events is folded in a worker thread, so one large request does not hold up the others.
         """
         start = time.perf_counter()
         self._check_request(req.events)
-        run = self._get_or_create(run_id, req)
-        async with run.alock:
-            if len(req.events) > INLINE_EVENTS:
-                answer, record, decision = await self.offload(self._decide_with_lock, run, run_id, req)
-            else:
-                with run.lock:
-                    answer, record, decision = self._decide_locked(run, run_id, req)
-            if record is not None:
-                await self._commit(record)
-                run.last_response = answer
+        for attempt in range(_ATTEMPTS):
+            run = await self._aget_or_create(run_id, req)
+            async with run.alock:
+                if len(req.events) > INLINE_EVENTS:
+                    answer, record, decision = await self.offload(self._decide_with_lock, run, run_id, req)
+                else:
+                    with run.lock:
+                        answer, record, decision = self._decide_locked(run, run_id, req)
+                if record is not None and not await self.store.asave(run, record):
+                    await asyncio.sleep(_backoff_s(attempt))
+                    continue  # a shared run changed since it was read: again, from the read
+                line = record if record is not None else _replayed(run)
+                if line is not None:
+                    try:
+                        await self._commit(line)
+                    except LogUnavailableError:
+                        await anyio.to_thread.run_sync(self._unanswered, run)
+                        raise
+            break
+        else:
+            raise _contended(run_id)
         if decision is not None:
             self._observe(decision, start)
         return answer
@@ -282,6 +313,15 @@ class Engine:
         with run.lock:
             return self._decide_locked(run, run_id, req)
 
+    def _unanswered(self, run: Run) -> None:
+        """The decision's log line failed: it is not answered, so a retry must decide again."""
+        run.last_response = None
+        if self.store.shared:
+            try:
+                self.store.save(run)  # best effort: a conflict means another call moved the run on
+            except StoreUnavailableError as exc:
+                _log.warning("run %r: could not clear its unlogged answer: %s", run.run_id, exc)
+
     def _decide_locked(
         self, run: Run, run_id: str, req: DecideRequest
     ) -> tuple[dict[str, Any], dict[str, Any] | None, StopDecision | None]:
@@ -290,7 +330,7 @@ class Engine:
         All or nothing: every check (time order, safety config, byte caps) comes before
         the first event is folded.
         """
-        if run_id in self._closed:
+        if run.closed:
             raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted")
         new, ignored = self._new_events(run, req.events)
         retry = req.events and not new and req.proposed_stop == run.last_proposed
@@ -318,26 +358,22 @@ class Engine:
             "run_id": run_id,
             "seq": run.n_decisions,
             "event_id": run.last_event_id,
-            "n_events": len(run.events),
+            "n_events": run.n_events,
             **fields,
             "lambda": run.lam if run.lam is not None else self.settings.lam,
             "cost_share": run.cost_share if run.cost_share is not None else self.settings.cost_share,
             "proposed_stop": req.proposed_stop,
         }
-        if run.events:
+        if run.n_events:
             # JSON text, not a dict: a str is not tracked by the garbage collector, so
             # thousands of live runs do not lengthen its full collections (p99)
             text = orjson.dumps(_trace_decision(decision)).decode()
-            at = len(run.events) - 1
-            if at in run.decisions:  # decided again with no new event: keep both, in order
-                run.later.setdefault(at, []).append(text)
-            else:
-                run.decisions[at] = text
+            run.decisions.append((run.n_events - 1, text))  # after that event (again: in order)
             nbytes += decision_bytes(text)
         self.store.charge(run, nbytes)
         run.n_decisions += 1
         run.last_proposed = req.proposed_stop
-        run.last_response = None  # until the line is written: a retry meanwhile decides again
+        run.last_response = answer  # cleared again if its log line cannot be written
         return answer, record, decision
 
     def decide_stateless(self, req: StatelessDecideRequest) -> DecideResponse:
@@ -401,7 +437,7 @@ class Engine:
                 results.append(BatchResult(run_id=item.run_id, decision=self.decide(item.run_id, item)))
             except StopServeError as exc:
                 results.append(BatchResult(run_id=item.run_id, error=_slot_error(error_detail(exc), i)))
-            except LogUnavailableError as exc:
+            except (LogUnavailableError, StoreUnavailableError) as exc:
                 results.append(BatchResult(run_id=item.run_id, error=_unavailable_slot_error(exc, i)))
             except Exception:  # a bug on one run must not lose the others' answers
                 _log.exception("batch item %d (run %r) failed", i, item.run_id)
@@ -411,8 +447,8 @@ class Engine:
     async def decide_batch_async(self, req: BatchDecideRequest) -> dict[str, Any]:
         """:meth:`decide_batch` on the event loop, as a plain dict.
 
-        The runs are decided in request order and their log lines share one group
-        commit; a run named twice is decided twice, in order (its lock is fair).
+        The runs are decided concurrently and their log lines share one group commit;
+        a run named twice is decided twice, in request order.
         """
         self._check_batch(req)
         from stopserve.service.errors import error_detail
@@ -424,7 +460,7 @@ class Engine:
             except StopServeError as exc:
                 detail = _slot_error(error_detail(exc), i)
                 return {"run_id": item.run_id, "decision": None, "error": detail.model_dump(mode="json")}
-            except LogUnavailableError as exc:
+            except (LogUnavailableError, StoreUnavailableError) as exc:
                 detail = _unavailable_slot_error(exc, i)
                 return {"run_id": item.run_id, "decision": None, "error": detail.model_dump(mode="json")}
             except Exception:  # a bug on one run must not lose the others' answers
@@ -432,8 +468,20 @@ class Engine:
                 detail = _internal_slot_error(i)
                 return {"run_id": item.run_id, "decision": None, "error": detail.model_dump(mode="json")}
 
-        results = await asyncio.gather(*(one(i, item) for i, item in enumerate(req.runs)))
-        return {"results": list(results)}
+        # the calls of one run go one after the other, in request order (a shared store's
+        # calls do not queue on a lock: concurrent ones would race for the same version)
+        chains: dict[str, list[tuple[int, Any]]] = {}
+        for i, item in enumerate(req.runs):
+            chains.setdefault(item.run_id, []).append((i, item))
+
+        async def chain(items: list[tuple[int, Any]]) -> list[tuple[int, dict[str, Any]]]:
+            return [(i, await one(i, item)) for i, item in items]
+
+        results: list[dict[str, Any]] = [{}] * len(req.runs)
+        for done in await asyncio.gather(*(chain(items) for items in chains.values())):
+            for i, result in done:
+                results[i] = result
+        return {"results": results}
 
     def _check_batch(self, req: BatchDecideRequest) -> None:
         if len(req.runs) > self.settings.max_batch_runs:
@@ -512,51 +560,77 @@ class Engine:
             )
 
     def _new_state(self, topology: str | None, req: DecideRequest | StatelessDecideRequest) -> RunState:
+        if self.store.shared:
+            # the engine skips seen events itself (all of a run's ids are in the store): the
+            # featurizer's own id window then only serves the loop reports, and a small one
+            # keeps the state each call reads and writes small; features are the same
+            return RunState(topology=topology, budget=req.budget, seen_window=LOOP_ID_WINDOW)
         return RunState(topology=topology, budget=req.budget)
 
     def _get_or_create(self, run_id: str, req: DecideRequest) -> Run:
         """The live run; a new one only when the service never held it or the caller resends it whole.
 
         A run the store dropped (or one the caller says had events delivered before,
-        ``prior_events > 0``, that this process does not hold) is refused with
+        ``prior_events > 0``, that the store does not hold) is refused with
         :class:`RunEvictedError`: starting it over would reset its turn count and its
         safety nets. ``prior_events: 0`` says the events sent are the whole run.
+        A shared store's copy is new to this call; a new run there is stored by its first save.
         """
-        if run_id in self._closed:
-            raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted; use a new run id")
-        found = self.store.get(run_id)
-        if isinstance(found, Run):
+        ids = [e.id for e in req.events] if self.store.shared else ()
+        found = self._resolved(run_id, req, self.store.get(run_id, ids))
+        if found is not None:
             return found
+        if self.store.shared:
+            return self._create(run_id, req)
         with self._create_lock:
-            found = self.store.get(run_id)
-            if isinstance(found, Run):
-                return found
-            if req.prior_events != 0 and (found is not None or req.prior_events is not None):
-                raise _evicted_error(run_id, found, req.prior_events)
-            safety = self._safety(req.safety) if req.safety is not None else None
-            now = self.store.now()
-            run = Run(
-                run_id=run_id,
-                task_id=req.task_id or run_id,
-                state=self._new_state(req.topology, req),
-                created_at=now,
-                last_seen_at=now,
-                topology=req.topology,
-                system=req.system,
-                budget=req.budget,
-                lam=req.lam,
-                cost_share=req.cost_share,
-                safety=safety,
-            )
-            self.store.add(run)
-            self.update_gauges()
+            found = self._resolved(run_id, req, self.store.get(run_id))
+            return found if found is not None else self._create(run_id, req)
+
+    async def _aget_or_create(self, run_id: str, req: DecideRequest) -> Run:
+        """:meth:`_get_or_create` from the event loop (a shared store is read without blocking it)."""
+        if not self.store.shared:
+            return self._get_or_create(run_id, req)
+        found = self._resolved(run_id, req, await self.store.aget(run_id, [e.id for e in req.events]))
+        return found if found is not None else self._create(run_id, req)
+
+    def _resolved(self, run_id: str, req: DecideRequest, found: Found) -> Run | None:
+        """The run found, or None to create it; a closed or dropped run is refused."""
+        if isinstance(found, Run):
+            prior = req.prior_events
+            if prior and found.n_events < prior and self.store.shared:
+                raise _lost_error(run_id, found.n_events, prior)
+            return found
+        if isinstance(found, Closed):
+            raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted; use a new run id")
+        if req.prior_events != 0 and (found is not None or req.prior_events is not None):
+            raise _evicted_error(run_id, found, req.prior_events)
+        return None
+
+    def _create(self, run_id: str, req: DecideRequest) -> Run:
+        safety = self._safety(req.safety) if req.safety is not None else None
+        now = self.store.now()
+        run = Run(
+            run_id=run_id,
+            task_id=req.task_id or run_id,
+            state=self._new_state(req.topology, req),
+            created_at=now,
+            last_seen_at=now,
+            topology=req.topology,
+            system=req.system,
+            budget=req.budget,
+            lam=req.lam,
+            cost_share=req.cost_share,
+            safety=safety,
+        )
+        self.store.add(run)
+        self.update_gauges()
         return run
 
     def _new_events(self, run: Run, events: Sequence[Event]) -> tuple[list[tuple[int, Event]], int]:
         """The events not seen before, with their index in the request; time order checked."""
         new: list[tuple[int, Event]] = []
         batch_ids: set[str] = set()
-        last_t = run.last_t if run.events else None
+        last_t = run.last_t if run.n_events else None
         for i, event in enumerate(events):
             if event.id in run.event_ids or event.id in batch_ids:
                 continue
@@ -577,7 +651,7 @@ class Engine:
         ``reserve`` keeps room in the byte cap for what the call adds next (its decision).
         """
         s = self.settings
-        if len(run.events) + len(new) > s.max_events_per_run:
+        if run.n_events + len(new) > s.max_events_per_run:
             raise RunLimitError(
                 f"run {run.run_id!r} would exceed {s.max_events_per_run} events",
                 [
@@ -612,6 +686,7 @@ class Engine:
                 [Issue(f"at most {s.max_run_bytes} bytes per run (STOPSERVE_MAX_RUN_BYTES)", path="events")],
             )
         run.state.fold_many(event for _, event in new)
+        run.n_events += len(new)
         for (_, event), text in zip(new, texts, strict=True):
             run.events.append(text)
             run.event_ids.add(event.id)
@@ -619,55 +694,63 @@ class Engine:
             run.last_event_id = event.id
         return nbytes
 
-    def _lookup(self, run_id: str) -> Run:
-        if run_id in self._closed:
-            raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted")
-        found = self.store.get(run_id)
-        if isinstance(found, Evicted):
-            raise _evicted_error(run_id, found, None)
-        if found is None:
-            raise RunNotFoundError(f"no live run {run_id!r}: never created, or deleted")
-        return found
+    def _lookup(self, run_id: str, *, whole: bool = False) -> Run:
+        return _held(run_id, self.store.get(run_id, whole=whole))
 
     def outcome(self, run_id: str, req: OutcomeRequest) -> OutcomeResponse:
-        """Close the run and append its whole trace (format v1) to the trace log."""
+        """Close the run and append its whole trace (format v1) to the trace log.
+
+        The run is closed first (a shared store: only if no call changed it since it was
+        read; else the outcome starts over), then its trace is written; if that fails the
+        run is reopened as it was and the call answers 503, so a retry can close it.
+        """
         self._check_request(req.events)
-        run = self._lookup(run_id)
-        with run.lock:
-            if run_id in self._closed:
-                raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted")
-            new, _ = self._new_events(run, req.events)
-            self.store.charge(run, self._fold(run, new))
-            trace = self._trace(run, req)
-            if self.log is not None:
-                try:
-                    self.log.trace(trace)
-                except OSError as exc:
-                    self.metrics.log_errors.inc()
-                    self.log_ok = False
-                    raise LogUnavailableError(
-                        f"the trace log cannot be written: {exc.strerror or exc}"
-                    ) from None
-            self._close(run_id)
+        for attempt in range(_ATTEMPTS):
+            run = self._lookup(run_id, whole=True)
+            with run.lock:
+                if run.closed:
+                    raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted")
+                new, _ = self._new_events(run, req.events)
+                self.store.charge(run, self._fold(run, new))
+                trace = self._trace(run, req)
+                if not self.store.close(run):
+                    time.sleep(_backoff_s(attempt))
+                    continue
+                if self.log is not None:
+                    try:
+                        self.log.trace(trace)
+                    except OSError as exc:
+                        self.metrics.log_errors.inc()
+                        self.log_ok = False
+                        self.store.reopen(run)
+                        raise LogUnavailableError(
+                            f"the trace log cannot be written: {exc.strerror or exc}"
+                        ) from None
+            break
+        else:
+            raise _contended(run_id)
+        self.update_gauges()
         self.metrics.outcomes.inc()
         return OutcomeResponse(
             run_id=run_id,
             trace_id=run_id,
-            n_events=len(run.events),
-            n_decisions=len(run.decisions),
+            n_events=run.n_events,
+            n_decisions=len({at for at, _ in run.decisions}),
             trace_log=str(self.log.traces.path) if self.log is not None else None,
         )
 
     def _trace(self, run: Run, req: OutcomeRequest) -> dict[str, Any]:
+        after: dict[int, list[str]] = {}
+        for at, text in run.decisions:
+            after.setdefault(at, []).append(text)
         events = []
         for i, raw in enumerate(run.events):
             data = orjson.loads(raw)
-            decision = run.decisions.get(i)
-            if decision is not None:
-                data["decision"] = orjson.loads(decision)
-                later = run.later.get(i)
-                if later:  # decided again at this event (no new event between the calls)
-                    data["later_decisions"] = [orjson.loads(x) for x in later]
+            decisions = after.get(i)
+            if decisions:
+                data["decision"] = orjson.loads(decisions[0])
+                if len(decisions) > 1:  # decided again at this event (no new event between the calls)
+                    data["later_decisions"] = [orjson.loads(x) for x in decisions[1:]]
             events.append(data)
         stop = req.stop
         last = run.last_response
@@ -705,19 +788,13 @@ class Engine:
             raise TraceValidationError(f"run {run.run_id!r}: the trace cannot be logged", issues)
         return trace
 
-    def _close(self, run_id: str) -> None:
-        self.store.pop(run_id)
-        self._closed[run_id] = None
-        while len(self._closed) > self.settings.max_runs:
-            self._closed.popitem(last=False)
-        self.update_gauges()
-
     def delete(self, run_id: str) -> None:
         """Drop a live run without logging a trace (or forget that the store dropped it)."""
-        if isinstance(self.store.get(run_id), Evicted):
+        found = self.store.get(run_id)
+        if isinstance(found, Evicted):
             self.store.forget(run_id)
             return
-        run = self._lookup(run_id)
+        run = _held(run_id, found)
         with run.lock:
             self.store.pop(run_id)
         self.update_gauges()
@@ -736,7 +813,7 @@ class Engine:
                 run_id=run.run_id,
                 task_id=run.task_id,
                 topology=run.topology,
-                n_events=len(run.events),
+                n_events=run.n_events,
                 turn=state.turn,
                 elapsed=state.elapsed,
                 tokens=float(state.tokens),
@@ -775,8 +852,15 @@ class Engine:
     def ready(self) -> ReadyResponse:
         """Readiness: a policy is loaded and the log writes."""
         s = self._serving
+        store_ok = True
+        if self.store.shared:
+            try:
+                self.store.ping()
+            except StoreUnavailableError as exc:
+                _log.error("%s", exc)
+                store_ok = False
         return ReadyResponse(
-            ready=s is not None and self.log_ok,
+            ready=s is not None and self.log_ok and store_ok,
             model_version=s.policy.model_version if s else None,
             kind=s.policy.kind if s else "none",
             safety_only=s is None or s.policy.kind == "none",
@@ -886,8 +970,50 @@ def _finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
+def _held(run_id: str, found: Found) -> Run:
+    """The run found, or the error that says why there is none."""
+    if isinstance(found, Run):
+        return found
+    if isinstance(found, Closed):
+        raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted")
+    if isinstance(found, Evicted):
+        raise _evicted_error(run_id, found, None)
+    raise RunNotFoundError(f"no live run {run_id!r}: never created, or deleted")
+
+
+def _replayed(run: Run) -> dict[str, Any] | None:
+    """A shared run's stored answer, answered again: its log line, written again.
+
+    The replica that decided it may have died between saving it and logging it; a reader
+    of the logs counts each (run_id, seq) once.
+    """
+    return {**run.last_record, "replayed": True} if run.last_record is not None else None
+
+
+def _backoff_s(attempt: int) -> float:
+    """Seconds to wait before trying a conflicted call again: none at first, then jittered."""
+    return 0.0 if attempt == 0 else random.uniform(0, min(0.05, 0.001 * 2**attempt))
+
+
+def _contended(run_id: str) -> StoreUnavailableError:
+    return StoreUnavailableError(
+        f"run {run_id!r}: {_ATTEMPTS} tries in a row conflicted with other calls on the same run; retry"
+    )
+
+
+def _lost_error(run_id: str, held: int, prior: int) -> RunEvictedError:
+    return RunEvictedError(
+        f"run {run_id!r}: the run store holds {held} of its events but {prior} were delivered: it lost "
+        "the latest (restarted from an older snapshot, or failed over to a replica behind it); it is not "
+        "continued from there: resend all of its events with prior_events: 0, or decide locally",
+        [Issue(f"the store holds {held} events, prior_events says {prior}", path="prior_events")],
+    )
+
+
 def _evicted_error(run_id: str, found: Evicted | None, prior: int | None) -> RunEvictedError:
-    if found is not None:
+    if found is not None and found.why is not None:
+        what = f"run {run_id!r} was dropped by the run store: {found.why}"
+    elif found is not None:
         why = {
             "lru": "the least recently used (STOPSERVE_MAX_RUNS)",
             "bytes": "the least recently used over the store's byte cap (STOPSERVE_MAX_STORE_BYTES)",
@@ -941,9 +1067,9 @@ def _internal_slot_error(i: int) -> ErrorDetail:
     )
 
 
-def _unavailable_slot_error(exc: LogUnavailableError, i: int) -> ErrorDetail:
+def _unavailable_slot_error(exc: LogUnavailableError | StoreUnavailableError, i: int) -> ErrorDetail:
     return ErrorDetail(
-        type="log_unavailable",
+        type="log_unavailable" if isinstance(exc, LogUnavailableError) else "store_unavailable",
         message=str(exc),
         status=503,
         issues=[ErrorIssue(field=f"runs[{i}]", message=str(exc))],

@@ -53,4 +53,5 @@ def test_get_refreshes_idle_time() -> None:
     for _ in range(5):
         clock.now += 4
         assert isinstance(store.get("a"), Run)
-    assert store.pop("a") is not None and store.pop("a") is None
+    store.pop("a")
+    assert store.get("a") is None and len(store) == 0

@@ -176,7 +176,8 @@ def main() -> int:
         "Held out: SWE by repository (django trains, the six others test), MINT and InterCode by task "
         "(20% of task ids by hash) and, as a second split, by model (20% of the systems; there the "
         "trainer cross-validates by model too, so its guard asks whether the policy transfers to a "
-        "model it has not seen), the simulator by a fresh seed. `room closed` = (shipped − best heuristic) / (oracle − best heuristic), with a "
+        "model it has not seen), the simulator by a fresh seed. `room closed` = (shipped − best "
+        "heuristic) / (oracle − best heuristic), with a "
         "95% interval from a bootstrap over held-out groups. The best heuristic is tuned on the training "
         "side only and replayed through `decide` like every other policy.",
         "",

@@ -164,6 +164,9 @@ class Policy:
         manifest: dict[str, Any] | None = None,
         rule: SafetyConfig | None = None,
         boosters: Mapping[str, Any] | None = None,
+        texts: Mapping[str, str] | None = None,
+        engine: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         manifest = manifest or {}
         self.kind = kind
@@ -203,26 +206,60 @@ class Policy:
                     f"method {self.method!r} needs models {', '.join(needed)}; missing {', '.join(missing)}"
                 )
             # only the boosters the method reads are evaluated per decision
-            self._forest = Forest({n: boosters[n] for n in needed}, len(FEATURE_NAMES))
+            self._forest = Forest(
+                {n: boosters[n] for n in needed},
+                len(FEATURE_NAMES),
+                texts=texts,
+                engine=engine,
+                cache_dir=cache_dir,
+            )
             self._index = {n: i for i, n in enumerate(self._forest.names)}
             # every booster the model carries (e.g. S for a run's value), for offline readers
             self.boosters = dict(boosters)
+            # how decisions are computed, served with the manifest (GET /v1/model); not in the file
+            self.manifest = {**manifest, "inference": self._forest.info.to_dict()}
 
     # ----------------------------------------------------------------- construction
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike[str]) -> Policy:
-        """Load and verify a model directory (sha256 of every file, feature names)."""
-        return cls.from_artifact(load_model_dir(model_dir))
+    def load(
+        cls,
+        model_dir: str | os.PathLike[str],
+        *,
+        engine: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> Policy:
+        """Load and verify a model directory (sha256 of every file, feature names).
+
+        ``engine`` and ``cache_dir`` choose how single rows are evaluated and where
+        compiled code is cached (:class:`stopserve.inference.Forest`; default
+        ``$STOPSERVE_INFERENCE``, ``$STOPSERVE_CACHE_DIR``); :attr:`inference` says
+        what was used.
+        """
+        return cls.from_artifact(load_model_dir(model_dir), engine=engine, cache_dir=cache_dir)
 
     @classmethod
-    def from_artifact(cls, artifact: ModelArtifact) -> Policy:
+    def from_artifact(
+        cls,
+        artifact: ModelArtifact,
+        *,
+        engine: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> Policy:
         """A policy from an already verified :class:`ModelArtifact`."""
-        return cls.from_manifest(artifact.manifest, artifact.models, source=str(artifact.path))
+        return cls.from_manifest(
+            artifact.manifest, artifact.models, source=str(artifact.path), engine=engine, cache_dir=cache_dir
+        )
 
     @classmethod
     def from_manifest(
-        cls, manifest: Mapping[str, Any], models: Mapping[str, str] | None = None, *, source: str = "model"
+        cls,
+        manifest: Mapping[str, Any],
+        models: Mapping[str, str] | None = None,
+        *,
+        source: str = "model",
+        engine: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> Policy:
         """A policy from a manifest and LightGBM model texts (what a model directory holds)."""
         import lightgbm as lgb
@@ -252,7 +289,16 @@ class Policy:
         if not boosters:
             raise ModelIntegrityError(f"{source}: kind is 'model' but it holds no models")
         try:
-            return cls(kind="model", safety=safety, manifest=manifest, rule=rule, boosters=boosters)
+            return cls(
+                kind="model",
+                safety=safety,
+                manifest=manifest,
+                rule=rule,
+                boosters=boosters,
+                texts=models,
+                engine=engine,
+                cache_dir=cache_dir,
+            )
         except ModelIntegrityError as exc:
             raise ModelIntegrityError(f"{source}: {exc}") from None
 
@@ -303,6 +349,11 @@ class Policy:
             s = 1.0 / (1.0 + np.exp(-raw["s"]))
             return raw["c"] - s - (w - w0), ctg, s
         return raw["g"] - w, ctg, None
+
+    @property
+    def inference(self) -> dict[str, Any] | None:
+        """How decisions evaluate the boosters (engine, cache, why a fallback), or None without a model."""
+        return None if self._forest is None else self._forest.info.to_dict()
 
     def raw_batch(self, X: FloatArray) -> dict[str, FloatArray]:  # noqa: N803
         """Raw scores of the boosters the method reads, for many feature rows."""

@@ -6,28 +6,33 @@ trainer's replays, through LightGBM's batch predict).
 
 Single rows are the hot path, and LightGBM's public ``Booster.predict`` pays a fixed
 cost per call (~25 µs) that dwarfs walking a few hundred trees. So each booster is
-compiled to machine code with `lleaves <https://github.com/siboehm/lleaves>`_ (LLVM,
-through the ``llvmlite`` wheel: no C compiler needed, at build time or at run time),
-installed by the ``fast`` extra (``pip install 'stopserve[fast]'``). The compiled
-code is cached on disk (see :func:`default_cache_dir`), keyed by the sha256 of the
-model text, the library versions and the target; it is written atomically, checked
-by sha256 before it is loaded, and never a pickle. Compiled boosters are checked
-against LightGBM on probe rows (NaNs, zeros, tiny and huge values) before they
-serve; anything that goes wrong (lleaves missing, a compile error, a mismatch) falls
+compiled to a C shared library by `Treelite <https://treelite.readthedocs.io>`_ and
+`TL2cgen <https://tl2cgen.readthedocs.io>`_ (the ``fast`` extra, and gcc to build),
+and called through the generated library's documented C entry point
+(``predict(union Entry *row, int pred_margin, double *out)``). The libraries are
+cached on disk (see :func:`default_cache_dir`), keyed by the sha256 of the model text,
+the library versions, the platform and the build options; written atomically,
+checked by sha256 before they are loaded, never a pickle. Compiled boosters are checked
+against LightGBM on probe rows (NaNs, zeros, tiny and huge values) before they serve.
+Anything that goes wrong (the extra or gcc missing, a build error, a mismatch) falls
 back to ``Booster.predict``, says why in :attr:`Forest.info` and logs it once.
 ``docs/inference.md`` has the figures.
 
 The engine: ``"auto"`` (the default: compiled when possible, else LightGBM),
-``"lleaves"`` (compiled or a :class:`~stopserve.errors.ModelError`) or
-``"lightgbm"`` (never compile); ``$STOPSERVE_INFERENCE`` sets the default.
+``"tl2cgen"`` (compiled or a :class:`~stopserve.errors.ModelError`) or ``"lightgbm"``
+(never compile); ``$STOPSERVE_INFERENCE`` sets the default.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
 import os
+import platform
+import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -50,17 +55,19 @@ FloatArray = npt.NDArray[np.float64]
 _log = logging.getLogger("stopserve.inference")
 
 #: Engines a :class:`Forest` can be asked for.
-ENGINES: Final = ("auto", "lleaves", "lightgbm")
+ENGINES: Final = ("auto", "tl2cgen", "lightgbm")
 ENGINE_ENV: Final = "STOPSERVE_INFERENCE"
 CACHE_ENV: Final = "STOPSERVE_CACHE_DIR"
 #: LightGBM reads a dense value with |x| <= kZeroThreshold (the float 1e-35) as 0 before it
 #: walks a tree; compiled code compares values as given, so they are zeroed first.
 ZERO_THRESHOLD: Final = float(np.float32(1e-35))
-#: Compiled boosters kept in memory per process (a reload of the same model compiles nothing).
+#: Compiled boosters kept in memory per process (a reload of the same model loads nothing).
 _MEMO_SIZE: Final = 32
 #: A compiled booster must match LightGBM within this (relative) on every probe row.
 _PROBE_RTOL: Final = 1e-9
 _FAST_EXTRA: Final = "pip install 'stopserve[fast]'"
+#: gcc's -O1: half the build time of TL2cgen's -O3, and no slower per call (bench/NOTES.md).
+_BUILD_OPTIONS: Final = ("-O1",)
 
 
 def resolve_engine(engine: str | None) -> str:
@@ -91,7 +98,7 @@ def default_cache_dir() -> Path:
 class InferenceInfo:
     """How a :class:`Forest` answers single rows (served in ``GET /v1/model``'s manifest).
 
-    ``engine`` is ``"lleaves"`` (compiled) or ``"lightgbm"`` (``Booster.predict``);
+    ``engine`` is ``"tl2cgen"`` (compiled) or ``"lightgbm"`` (``Booster.predict``);
     ``detail`` says why the fallback was taken, or where the compiled code is cached;
     ``cache`` is ``"hit"`` (read from the disk cache), ``"written"`` (compiled now and
     cached), ``"reused"`` (compiled earlier in this process), ``"memory"`` (compiled,
@@ -125,14 +132,49 @@ class _Boosters:
 
 
 class _Compiled:
-    """lleaves-compiled boosters (``Model.predict`` on one row, one thread)."""
+    """TL2cgen-built shared libraries, one per booster, called through their C ``predict``.
 
-    def __init__(self, models: Sequence[Any]) -> None:
-        self._models = tuple(models)
+    The row goes in as TL2cgen's ``union Entry`` array (a double per feature, whose low
+    32-bit word set to -1 marks a missing value). One buffer per thread: ctypes drops
+    the GIL during the call.
+    """
+
+    def __init__(self, libs: Sequence[ctypes.CDLL], n_features: int, fallback: _Boosters) -> None:
+        self._libs = tuple(libs)  # keep the libraries loaded
+        self._fns = []
+        for lib in self._libs:
+            fn = lib.predict
+            fn.restype = None
+            fn.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+            self._fns.append(fn)
+        self._n = n_features
+        self._fallback = fallback
+        self._local = threading.local()
+
+    def _buffers(self) -> tuple[int, FloatArray, npt.NDArray[np.int32], FloatArray, int]:
+        buf: tuple[int, FloatArray, npt.NDArray[np.int32], FloatArray, int] | None
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            values = np.zeros(self._n, dtype=np.float64)  # the Entry array: a double per feature
+            low = values.view(np.int32)[0::2]  # Entry.missing: the low word of each double
+            out = np.zeros(1, dtype=np.float64)
+            buf = self._local.buf = (values.ctypes.data, values, low, out, out.ctypes.data)
+        return buf
 
     def raw_one(self, x: FloatArray) -> list[float]:
-        row = np.where(np.abs(x) <= ZERO_THRESHOLD, 0.0, x).reshape(1, -1)
-        return [float(m.predict(row, n_jobs=1)[0]) for m in self._models]
+        row, values, low, out, out_ptr = self._buffers()
+        values[:] = x
+        values[np.abs(values) <= ZERO_THRESHOLD] = 0.0
+        if (low == -1).any():
+            # a value whose low word is all ones would read as missing: LightGBM answers this row
+            return self._fallback.raw_one(x)
+        low[np.isnan(values)] = -1
+        result = []
+        for fn in self._fns:
+            out[0] = 0.0  # the generated predict adds to it
+            fn(row, 1, out_ptr)  # pred_margin=1: raw scores
+            result.append(float(out[0]))
+        return result
 
 
 class Forest:
@@ -168,22 +210,22 @@ class Forest:
             known = texts or {}
             sources = {n: known.get(n) or b.model_to_string() for n, b in boosters.items()}
             cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-            models, status, detail = _compile_all(sources, cache)
-            compiled = _Compiled([models[n] for n in self.names])
+            libs_by_name, status, detail = _build_all(sources, cache)
+            compiled = _Compiled([libs_by_name[n] for n in self.names], n_features, fallback)
             _check_probe(compiled, fallback, n_features)
         except _UnavailableError as exc:
             self._fall_back(requested, str(exc), libs)
             return
         except Exception as exc:  # any failure of a third-party compiler: serve with LightGBM
             self._fall_back(
-                requested, f"lleaves could not compile the model: {type(exc).__name__}: {exc}", libs
+                requested, f"TL2cgen could not build the model: {type(exc).__name__}: {exc}", libs
             )
             return
         self._raw_one = compiled.raw_one
         build = time.perf_counter() - t0
-        self.info = InferenceInfo("lleaves", requested, detail, status, str(cache), round(build, 3), libs)
+        self.info = InferenceInfo("tl2cgen", requested, detail, status, str(cache), round(build, 3), libs)
         _log.info(
-            "inference: %d boosters compiled by lleaves (%s, %.2f s): %s",
+            "inference: %d boosters compiled by TL2cgen (%s, %.2f s): %s",
             len(self.names),
             status,
             build,
@@ -191,8 +233,8 @@ class Forest:
         )
 
     def _fall_back(self, requested: str, why: str, libs: dict[str, str]) -> None:
-        if requested == "lleaves":
-            raise ModelError(f"inference engine 'lleaves' was asked for, but {why}")
+        if requested == "tl2cgen":
+            raise ModelError(f"inference engine 'tl2cgen' was asked for, but {why}")
         self.info = InferenceInfo(
             "lightgbm", requested, f"{why}; using LightGBM's Booster.predict", None, None, None, libs
         )
@@ -246,37 +288,22 @@ def _version(pkg: str) -> str:
 
 
 def _libraries() -> dict[str, str]:
-    return {p: _version(p) for p in ("lightgbm", "lleaves", "llvmlite")}
+    return {p: _version(p) for p in ("lightgbm", "treelite", "tl2cgen")}
 
 
-#: What the compiled code depends on besides the model text (part of the cache key).
-#: One block of trees: sums in LightGBM's tree order (bit-equal scores; blocking only pays on
-#: batches). No inlining: half the compile time, no measurable cost per call. A generic CPU: the
-#: cached code runs on any machine of the same architecture (e.g. built into a container image).
-_OPTIONS: Final[dict[str, Any]] = {
-    "raw_score": True,
-    "finline": False,
-    "target_cpu": "generic",
-    "target_cpu_features": "",
-}
-
-
-def _compile_all(texts: Mapping[str, str], cache_dir: Path) -> tuple[dict[str, Any], str, str]:
-    """lleaves models for ``texts``; the cache status and what happened, in words."""
-    try:
-        import lleaves
-        import llvmlite.binding as llvm
-    except ImportError as exc:
-        raise _UnavailableError(f"lleaves is not installed ({exc.name}; {_FAST_EXTRA})") from None
+def _build_all(texts: Mapping[str, str], cache_dir: Path) -> tuple[dict[str, ctypes.CDLL], str, str]:
+    """A loaded library for each of ``texts``; the cache status and where the libraries live."""
+    if sys.byteorder != "little":
+        raise _UnavailableError("TL2cgen's missing-value marker is laid out for little-endian machines")
     stamp = {
-        "lleaves": _version("lleaves"),
-        "llvmlite": _version("llvmlite"),
-        "triple": llvm.get_process_triple(),
-        "options": {**_OPTIONS, "fblocksize": "num_trees"},
+        "treelite": _version("treelite"),
+        "tl2cgen": _version("tl2cgen"),
+        "platform": f"{sys.platform}-{platform.machine()}",
+        "options": list(_BUILD_OPTIONS),
     }
-    folder = cache_dir / "lleaves"
+    folder = cache_dir / "tl2cgen"
     writable, why_not = _writable(folder)
-    models: dict[str, Any] = {}
+    libs: dict[str, ctypes.CDLL] = {}
     statuses: set[str] = set()
     for name, text in texts.items():
         data = text.encode()
@@ -284,26 +311,26 @@ def _compile_all(texts: Mapping[str, str], cache_dir: Path) -> tuple[dict[str, A
             json.dumps({**stamp, "model_sha256": hashlib.sha256(data).hexdigest()}, sort_keys=True).encode()
         ).hexdigest()
         with _memo_lock:
-            model = _memo.get(key)
-            if model is not None:
+            lib = _memo.get(key)
+            if lib is not None:
                 _memo.move_to_end(key)
-        if model is None:
-            model, status = _compile_one(lleaves, data, folder / f"{key}.o", writable)
+        if lib is None:
+            lib, status = _build_one(data, folder / f"{key}.so", writable)
             with _memo_lock:
-                _memo[key] = model
+                _memo[key] = lib
                 while len(_memo) > _MEMO_SIZE:
                     _memo.popitem(last=False)
         else:
             status = "reused"
-        models[name] = model
+        libs[name] = lib
         statuses.add(status)
-    # the least settled status wins: memory (not cached) > written (compiled now) > hit > reused
+    # the least settled status wins: memory (not cached) > written (built now) > hit > reused
     status = next(s for s in ("memory", "written", "hit", "reused") if s in statuses)
     if writable:
-        detail = f"compiled code cached in {folder}"
+        detail = f"shared libraries cached in {folder}"
     else:
-        detail = f"compiled in memory, not cached: {why_not}"
-    return models, status, detail
+        detail = f"built in a temporary folder, not cached: {why_not}"
+    return libs, status, detail
 
 
 def _writable(folder: Path) -> tuple[bool, str]:
@@ -316,32 +343,62 @@ def _writable(folder: Path) -> tuple[bool, str]:
     return True, ""
 
 
-def _compile_one(lleaves: Any, text: bytes, target: Path, writable: bool) -> tuple[Any, str]:
-    """One booster: read from the cache when its sha256 checks out, else compile (and cache)."""
+def _build_one(text: bytes, target: Path, writable: bool) -> tuple[ctypes.CDLL, str]:
+    """One booster: the cached library when its sha256 checks out, else built now (and cached)."""
     meta = target.with_suffix(".json")
-    with tempfile.TemporaryDirectory(prefix="stopserve-lleaves-") as tmp:
+    if _cached(target, meta):
+        return _load(target), "hit"
+    try:
+        import tl2cgen
+        import treelite
+    except ImportError as exc:
+        raise _UnavailableError(f"{exc.name} is not installed ({_FAST_EXTRA})") from None
+    if shutil.which("gcc") is None:
+        raise _UnavailableError("no C compiler (gcc) to build the model's shared library")
+    with tempfile.TemporaryDirectory(prefix="stopserve-tl2cgen-") as tmp:
         src = Path(tmp) / "model.txt"
         src.write_bytes(text)  # the verified text: the model folder may have changed since
-        model = lleaves.Model(model_file=str(src))
-        options = {**_OPTIONS, "fblocksize": max(1, model.num_trees())}
-        if _cached(target, meta):
-            model.compile(cache=str(target), **options)
-            return model, "hit"
-        if not writable:
-            model.compile(cache=None, **options)
-            return model, "memory"
-        # lleaves writes the object file where it is told: a private name, renamed into place
-        fd, part = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".part", dir=target.parent)
+        model = treelite.frontend.load_lightgbm_model(str(src))
+        # built under a private name in the cache folder, then renamed into place
+        where = target.parent if writable else Path(tmp)
+        fd, part = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=where)
         os.close(fd)
-        os.unlink(part)
         try:
-            model.compile(cache=part, **options)
+            tl2cgen.export_lib(
+                model,
+                toolchain="gcc",
+                libpath=part,
+                params={"parallel_comp": max(1, min(4, os.cpu_count() or 1))},
+                nthread=os.cpu_count() or 1,
+                options=list(_BUILD_OPTIONS),
+            )
+            if not writable:
+                return _load(Path(part)), "memory"  # a loaded library outlives its file
             blob = Path(part).read_bytes()
             _atomic_write(meta, json.dumps({"sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob)}))
             os.replace(part, target)
         finally:
             Path(part).unlink(missing_ok=True)
-        return model, "written"
+    return _load(target), "written"
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    # the generated library describes itself: one raw output in doubles, over doubles
+    kinds = {}
+    for fn_name in ("get_threshold_type", "get_leaf_output_type"):
+        fn = getattr(lib, fn_name)
+        fn.restype = ctypes.c_char_p
+        kinds[fn_name] = fn().decode()
+    lib.get_num_target.restype = ctypes.c_int32
+    if (
+        kinds != {"get_threshold_type": "float64", "get_leaf_output_type": "float64"}
+        or lib.get_num_target() != 1
+    ):
+        raise _UnavailableError(
+            f"{path.name}: unexpected generated library ({kinds}, {lib.get_num_target()} targets)"
+        )
+    return lib
 
 
 def _cached(target: Path, meta: Path) -> bool:

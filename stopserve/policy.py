@@ -114,6 +114,25 @@ def cost_so_far(state: RunState, unit: str) -> float:
     return state.tokens / 1000.0
 
 
+def _at_least(x: Any, lo: float) -> Any:
+    """``np.maximum(x, lo)``: on arrays through numpy, on one row's numbers through ``max``.
+
+    Numpy's ufuncs cost about a microsecond on a Python float; the decide path calls a few
+    per decision. Both keep NaN.
+    """
+    return np.maximum(x, lo) if isinstance(x, np.ndarray) else max(x, lo)
+
+
+def _sigmoid(z: Any) -> Any:
+    """``1 / (1 + exp(-z))``, on arrays through numpy, on one number through ``math``."""
+    if isinstance(z, np.ndarray):
+        return 1.0 / (1.0 + np.exp(-z))
+    try:
+        return 1.0 / (1.0 + math.exp(-z))
+    except OverflowError:  # exp(-z) is inf: numpy's answer
+        return 0.0
+
+
 def cost_weight(
     k_turns: Any,
     turn: Any,
@@ -130,14 +149,15 @@ def cost_weight(
     numpy arrays alike: the decide path and the trainer's replays share this one
     definition. See the module docstring for the three modes.
     """
-    per_turn = cost / np.maximum(turn, 1)
+    turns = _at_least(turn, 1)
+    per_turn = cost / turns
     cost_to_go = per_turn * k_turns
     if lam is not None:
         return lam * cost_to_go, cost_to_go
     share = 0.0 if cost_share is None else cost_share
     if mean_cost is not None:
         return share / mean_cost * cost_to_go if mean_cost > 0 else 0.0 * cost_to_go, cost_to_go
-    return share * k_turns / (np.maximum(turn, 1) + k_turns), cost_to_go
+    return share * k_turns / (turns + k_turns), cost_to_go
 
 
 # --------------------------------------------------------------------------- policy
@@ -333,7 +353,7 @@ class Policy:
         The one definition of V: :meth:`decide` calls it on one row, the trainer's
         replays on many (``raw`` maps a model name to its raw score(s)).
         """
-        k_turns = np.maximum(raw["k"], 0.0)
+        k_turns = _at_least(raw["k"], 0.0)
         w, ctg = cost_weight(
             k_turns, turn, cost, lam=lam, cost_share=cost_share, mean_cost=self.mean_behavior_cost
         )
@@ -346,7 +366,7 @@ class Policy:
                 cost_share=self._share0,
                 mean_cost=self.mean_behavior_cost,
             )
-            s = 1.0 / (1.0 + np.exp(-raw["s"]))
+            s = _sigmoid(raw["s"])
             return raw["c"] - s - (w - w0), ctg, s
         return raw["g"] - w, ctg, None
 

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +26,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "models" / "default"
 
 
-def _lleaves_works() -> str | None:
+def _compiler_missing() -> str | None:
     """Why the compiled engine cannot be tested here, or None."""
-    try:
-        import lleaves  # noqa: F401
-        import llvmlite.binding as llvm
-    except ImportError as exc:
-        return f"lleaves is not installed ({exc.name}): pip install -e '.[fast]'"
-    if not hasattr(llvm, "PassManagerBuilder"):
-        return "lleaves 1.3 needs llvmlite < 0.45 (pip install -e '.[fast]' pins it)"
+    import importlib.util
+    import shutil
+
+    for pkg in ("treelite", "tl2cgen"):
+        if importlib.util.find_spec(pkg) is None:
+            return f"{pkg} is not installed: pip install -e '.[fast]'"
+    if shutil.which("gcc") is None:
+        return "no gcc to build the compiled model"
     return None
 
 
-needs_lleaves = pytest.mark.skipif(_lleaves_works() is not None, reason=str(_lleaves_works()))
+needs_compiler = pytest.mark.skipif(_compiler_missing() is not None, reason=str(_compiler_missing()))
 
 
 def _train(seed: int = 0) -> dict[str, lgb.Booster]:
@@ -80,6 +82,9 @@ def _hard_rows(boosters: dict[str, lgb.Booster], n_features: int, n: int = 1500)
     X[rng.random(X.shape) < 0.15] = np.nan
     X[rng.random(X.shape) < 0.1] = 0.0
     X[rng.random(X.shape) < 0.03] = rng.choice([ZERO_THRESHOLD, -ZERO_THRESHOLD, ZERO_THRESHOLD / 3])
+    # doubles whose low 32-bit word is all ones: TL2cgen's union would read them as missing
+    ones = np.array([0xFFFFFFFF, 0x3FF00000, 0xFFFFFFFF, 0x40200000], dtype=np.uint32).view(np.float64)
+    X[rng.random(X.shape) < 0.01] = rng.choice(ones)
     return np.vstack([X, probe_rows(n_features)])
 
 
@@ -90,11 +95,11 @@ def _reference(boosters: dict[str, lgb.Booster], X: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- exactness
 
 
-@needs_lleaves
+@needs_compiler
 def test_compiled_forest_equals_lightgbm_bit_for_bit_on_small_models(tmp_path: Path) -> None:
     boosters = _train()
-    forest = Forest(boosters, 8, engine="lleaves", cache_dir=tmp_path)
-    assert forest.info.engine == "lleaves"
+    forest = Forest(boosters, 8, engine="tl2cgen", cache_dir=tmp_path)
+    assert forest.info.engine == "tl2cgen"
     X = _hard_rows(boosters, 8)
     got = np.array([forest.raw_one(x) for x in X])
     np.testing.assert_array_equal(got, _reference(boosters, X))
@@ -104,14 +109,14 @@ def test_compiled_forest_equals_lightgbm_bit_for_bit_on_small_models(tmp_path: P
 @pytest.fixture(scope="module")
 def shipped_compiled() -> tuple[Forest, dict[str, lgb.Booster]]:
     """The shipped model's boosters, compiled (or read from the cache) once for the module."""
-    if _lleaves_works() is not None:
-        pytest.skip(str(_lleaves_works()))
+    if _compiler_missing() is not None:
+        pytest.skip(str(_compiler_missing()))
     art = load_model_dir(SHIPPED)
     names = METHOD_MODELS[str(art.manifest["method"])]
     boosters = {n: lgb.Booster(model_str=art.models[n]) for n in names}
     texts = {n: art.models[n] for n in names}
     # the default cache dir, as the service uses it: later runs (and the e2e servers) read it
-    forest = Forest(boosters, len(FEATURE_NAMES), texts=texts, engine="lleaves")
+    forest = Forest(boosters, len(FEATURE_NAMES), texts=texts, engine="tl2cgen")
     return forest, boosters
 
 
@@ -132,7 +137,7 @@ def _folded_rows(n_runs: int = 12) -> np.ndarray:
 
 def test_shipped_model_compiled_equals_lightgbm(shipped_compiled: tuple[Forest, dict[str, Any]]) -> None:
     forest, boosters = shipped_compiled
-    assert forest.info.engine == "lleaves"
+    assert forest.info.engine == "tl2cgen"
     X = np.vstack([_hard_rows(boosters, len(FEATURE_NAMES), n=600), _folded_rows()])
     got = np.array([forest.raw_one(x) for x in X])
     np.testing.assert_array_equal(got, _reference(boosters, X))
@@ -162,22 +167,22 @@ def test_decide_gives_the_same_decisions_with_either_engine(
     shipped_compiled: tuple[Forest, dict[str, Any]],
 ) -> None:
     # the module fixture compiled the shipped model: this load reuses it
-    fast = Policy.load(SHIPPED, engine="lleaves")
+    fast = Policy.load(SHIPPED, engine="tl2cgen")
     slow = Policy.load(SHIPPED, engine="lightgbm")
-    assert fast.inference is not None and fast.inference["engine"] == "lleaves"
+    assert fast.inference is not None and fast.inference["engine"] == "tl2cgen"
     assert slow.inference is not None and slow.inference["engine"] == "lightgbm"
     a, b = _decisions(fast), _decisions(slow)
     assert a == b
     assert {d[0] for d in a} == {"continue", "stop"}, "the runs should exercise both answers"
 
 
-@needs_lleaves
+@needs_compiler
 def test_decide_same_with_either_engine_on_a_small_trained_model(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "tests" / "service"))
     from _service_models import tiny_model
 
     mdir = tiny_model(tmp_path / "m", "tiny-1", stop_bias=0.02)
-    fast = Policy.load(mdir, engine="lleaves", cache_dir=tmp_path / "cache")
+    fast = Policy.load(mdir, engine="tl2cgen", cache_dir=tmp_path / "cache")
     slow = Policy.load(mdir, engine="lightgbm")
     assert _decisions(fast, 6) == _decisions(slow, 6)
 
@@ -200,23 +205,29 @@ def _fresh_load(mdir: Path, cache: Path, **kw: Any) -> dict[str, Any]:
     return info
 
 
-@needs_lleaves
+@needs_compiler
 def test_cache_is_written_once_then_read_and_a_corrupt_entry_is_rebuilt(tmp_path: Path) -> None:
     mdir = _small_model_dir(tmp_path)
     cache = tmp_path / "cache"
     first = _fresh_load(mdir, cache)
-    assert (first["engine"], first["cache"]) == ("lleaves", "written")
-    objects = sorted((cache / "lleaves").glob("*.o"))
+    assert (first["engine"], first["cache"]) == ("tl2cgen", "written")
+    objects = sorted((cache / "tl2cgen").glob("*.so"))
     assert len(objects) == 2  # g and k
-    assert not list((cache / "lleaves").glob("*.part")), "no half-written files are left"
+    assert sorted(p.name for p in (cache / "tl2cgen").iterdir()) == sorted(
+        [o.name for o in objects] + [o.with_suffix(".json").name for o in objects]
+    ), "no half-written files are left"
     for obj in objects:  # a sidecar records each object file's sha256
         meta = json.loads(obj.with_suffix(".json").read_text())
         assert meta["bytes"] == obj.stat().st_size
     assert _fresh_load(mdir, cache)["cache"] == "hit"
     assert Policy.load(mdir, cache_dir=cache).inference["cache"] == "reused"  # type: ignore[index]
-    objects[0].write_bytes(objects[0].read_bytes()[:100])  # truncated: the sha256 no longer matches
+    # a damaged file (a new inode: this process has the old one mapped, and a shared library
+    # rewritten in place under a running process crashes it; stopserve only ever renames)
+    damaged = objects[0].with_suffix(".tmp")
+    damaged.write_bytes(objects[0].read_bytes()[:100])
+    os.replace(damaged, objects[0])
     again = _fresh_load(mdir, cache)
-    assert (again["engine"], again["cache"]) == ("lleaves", "written")
+    assert (again["engine"], again["cache"]) == ("tl2cgen", "written")
     assert json.loads(objects[0].with_suffix(".json").read_text())["bytes"] == objects[0].stat().st_size
     # the key follows the model text: a changed booster is compiled anew, the other one is a hit
     art = load_model_dir(mdir)
@@ -224,17 +235,18 @@ def test_cache_is_written_once_then_read_and_a_corrupt_entry_is_rebuilt(tmp_path
     other["k"] = lgb.Booster(model_str=other["k"]).model_to_string(num_iteration=2)
     save_model_dir(tmp_path / "m2", {k: v for k, v in art.manifest.items() if k != "files"}, other)
     assert _fresh_load(tmp_path / "m2", cache)["cache"] == "written"
-    assert len(list((cache / "lleaves").glob("*.o"))) == 3
+    assert len(list((cache / "tl2cgen").glob("*.so"))) == 3
 
 
-@needs_lleaves
+@needs_compiler
 def test_unusable_cache_dir_compiles_in_memory(tmp_path: Path) -> None:
     mdir = _small_model_dir(tmp_path)
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     info = _fresh_load(mdir, blocker)
-    assert (info["engine"], info["cache"]) == ("lleaves", "memory")
+    assert (info["engine"], info["cache"]) == ("tl2cgen", "memory")
     assert "not cached" in info["detail"] and str(blocker) in info["detail"]
+    assert not list(Path(tempfile.gettempdir()).glob("stopserve-tl2cgen-*")), "the build folder is gone"
     if os.geteuid() != 0:  # root writes anywhere: a read-only folder needs a user
         ro = tmp_path / "ro"
         ro.mkdir(mode=0o500)
@@ -253,22 +265,27 @@ def test_lightgbm_engine_compiles_nothing(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.array([forest.raw_one(x) for x in X]), _reference(boosters, X))
 
 
-def test_without_lleaves_auto_falls_back_and_says_why(
+def test_without_tl2cgen_or_gcc_auto_falls_back_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     mdir = _small_model_dir(tmp_path)
-    monkeypatch.setitem(sys.modules, "lleaves", None)  # import lleaves now raises ImportError
+    monkeypatch.setitem(sys.modules, "tl2cgen", None)  # import tl2cgen now raises ImportError
     caplog.set_level(logging.WARNING, logger="stopserve.inference")
     clear_compiled()
     policy = Policy.load(mdir, cache_dir=tmp_path / "c")
     info = policy.inference
     assert info is not None and info == policy.manifest["inference"], "GET /v1/model serves the manifest"
     assert info["engine"] == "lightgbm" and info["requested"] == "auto"
-    assert "lleaves is not installed" in info["detail"] and "stopserve[fast]" in info["detail"]
-    assert any("lleaves is not installed" in r.getMessage() for r in caplog.records), "the fallback is logged"
-    with pytest.raises(ModelError, match="engine 'lleaves' was asked for, but lleaves is not installed"):
-        Policy.load(mdir, engine="lleaves")
+    assert "tl2cgen is not installed" in info["detail"] and "stopserve[fast]" in info["detail"]
+    assert any("tl2cgen is not installed" in r.getMessage() for r in caplog.records), "the fallback is logged"
+    with pytest.raises(ModelError, match="engine 'tl2cgen' was asked for, but tl2cgen is not installed"):
+        Policy.load(mdir, engine="tl2cgen", cache_dir=tmp_path / "c")
     assert policy.decide(RunState()).action in ("continue", "stop")
+    # the Docker image's case: the libraries are there, no compiler
+    monkeypatch.delitem(sys.modules, "tl2cgen")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    no_gcc = _fresh_load(mdir, tmp_path / "c")
+    assert no_gcc["engine"] == "lightgbm" and "no C compiler (gcc)" in no_gcc["detail"]
 
 
 def test_engine_names_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -277,14 +294,14 @@ def test_engine_names_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STOPSERVE_INFERENCE", "lightgbm")
     assert resolve_engine(None) == "lightgbm"
     monkeypatch.setenv("STOPSERVE_INFERENCE", "fast")
-    with pytest.raises(ConfigError, match="STOPSERVE_INFERENCE: expected one of auto, lleaves, lightgbm"):
+    with pytest.raises(ConfigError, match="STOPSERVE_INFERENCE: expected one of auto, tl2cgen, lightgbm"):
         resolve_engine(None)
     with pytest.raises(ConfigError, match="engine: expected one of"):
         Forest(_train(), 8, engine="treelite")
 
 
 def test_no_private_api_of_a_dependency() -> None:
-    """Issue 16: nothing in stopserve reaches into LightGBM's or lleaves' private names."""
+    """Issue 16: nothing in stopserve reaches into LightGBM's, Treelite's or TL2cgen's private names."""
     offenders = []
     for path in (ROOT / "stopserve").rglob("*.py"):
         text = path.read_text()

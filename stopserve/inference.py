@@ -165,7 +165,7 @@ class _Compiled:
         row, values, low, out, out_ptr = self._buffers()
         values[:] = x
         values[np.abs(values) <= ZERO_THRESHOLD] = 0.0
-        if (low == -1).any():
+        if np.count_nonzero(low == -1):
             # a value whose low word is all ones would read as missing: LightGBM answers this row
             return self._fallback.raw_one(x)
         low[np.isnan(values)] = -1

@@ -68,6 +68,9 @@ _PROBE_RTOL: Final = 1e-9
 _FAST_EXTRA: Final = "pip install 'stopserve[fast]'"
 #: gcc's -O1: half the build time of TL2cgen's -O3, and no slower per call (bench/NOTES.md).
 _BUILD_OPTIONS: Final = ("-O1",)
+#: Cache files are readable by all (mkstemp makes them private): a cache built at image build
+#: time by root serves the service's own user; only the owner writes.
+_READABLE: Final = 0o644
 
 
 def resolve_engine(engine: str | None) -> str:
@@ -225,7 +228,7 @@ class Forest:
         build = time.perf_counter() - t0
         self.info = InferenceInfo("tl2cgen", requested, detail, status, str(cache), round(build, 3), libs)
         _log.info(
-            "inference: %d boosters compiled by TL2cgen (%s, %.2f s): %s",
+            "inference: %d boosters compiled by TL2cgen (cache %s, %.2f s): %s",
             len(self.names),
             status,
             build,
@@ -326,10 +329,10 @@ def _build_all(texts: Mapping[str, str], cache_dir: Path) -> tuple[dict[str, cty
         statuses.add(status)
     # the least settled status wins: memory (not cached) > written (built now) > hit > reused
     status = next(s for s in ("memory", "written", "hit", "reused") if s in statuses)
-    if writable:
-        detail = f"shared libraries cached in {folder}"
-    else:
+    if status == "memory":
         detail = f"built in a temporary folder, not cached: {why_not}"
+    else:
+        detail = f"shared libraries cached in {folder}"
     return libs, status, detail
 
 
@@ -376,6 +379,7 @@ def _build_one(text: bytes, target: Path, writable: bool) -> tuple[ctypes.CDLL, 
                 return _load(Path(part)), "memory"  # a loaded library outlives its file
             blob = Path(part).read_bytes()
             _atomic_write(meta, json.dumps({"sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob)}))
+            os.chmod(part, _READABLE)
             os.replace(part, target)
         finally:
             Path(part).unlink(missing_ok=True)
@@ -415,6 +419,7 @@ def _atomic_write(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+        os.chmod(part, _READABLE)
         os.replace(part, path)
     finally:
         Path(part).unlink(missing_ok=True)

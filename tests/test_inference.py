@@ -216,9 +216,11 @@ def test_cache_is_written_once_then_read_and_a_corrupt_entry_is_rebuilt(tmp_path
     assert sorted(p.name for p in (cache / "tl2cgen").iterdir()) == sorted(
         [o.name for o in objects] + [o.with_suffix(".json").name for o in objects]
     ), "no half-written files are left"
-    for obj in objects:  # a sidecar records each object file's sha256
+    for obj in objects:  # a sidecar records each library's sha256
         meta = json.loads(obj.with_suffix(".json").read_text())
         assert meta["bytes"] == obj.stat().st_size
+        for path in (obj, obj.with_suffix(".json")):  # built by root, read by the service's user
+            assert path.stat().st_mode & 0o777 == 0o644, path
     assert _fresh_load(mdir, cache)["cache"] == "hit"
     assert Policy.load(mdir, cache_dir=cache).inference["cache"] == "reused"  # type: ignore[index]
     # a damaged file (a new inode: this process has the old one mapped, and a shared library

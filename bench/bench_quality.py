@@ -58,9 +58,15 @@ def _prepare(work: Path, size: str) -> dict[str, tuple[Path, Path, str]]:
                 subsample_file(test, test, n_test or n_train)
             out[label] = (train, test, spec.group_by)
     train, test = work / "sim-train.jsonl", work / "sim-test.jsonl"
-    run(stopserve_cmd("simulate", "--n", str(n_sim), "--seed", "10", "--run-to-cap", "-o", str(train)), timeout=600)
+    run(
+        stopserve_cmd("simulate", "--n", str(n_sim), "--seed", "10", "--run-to-cap", "-o", str(train)),
+        timeout=600,
+    )
     sim_test = str(max(200, n_sim // 2))
-    run(stopserve_cmd("simulate", "--n", sim_test, "--seed", "11", "--run-to-cap", "-o", str(test)), timeout=600)
+    run(
+        stopserve_cmd("simulate", "--n", sim_test, "--seed", "11", "--run-to-cap", "-o", str(test)),
+        timeout=600,
+    )
     out["sim"] = (train, test, "task")
     return out
 
@@ -148,7 +154,8 @@ def main() -> int:
     section.targets.append(
         Target(
             "shipped policy >= best train-tuned heuristic, every cell",
-            f"{len(rows) - len(worse)} of {len(rows)} cells" + (f" (missed: {', '.join(worse)})" if worse else ""),
+            f"{len(rows) - len(worse)} of {len(rows)} cells"
+            + (f" (missed: {', '.join(worse)})" if worse else ""),
             "every cell",
             not worse,
         )
@@ -157,7 +164,8 @@ def main() -> int:
     section.targets.append(
         Target(
             "where the oracle is >= 0.05 above the best heuristic: >= 25% of that room closed",
-            f"{len(judged) - len(short)} of {len(judged)} cells" + (f" (missed: {', '.join(short)})" if short else ""),
+            f"{len(judged) - len(short)} of {len(judged)} cells"
+            + (f" (missed: {', '.join(short)})" if short else ""),
             "every such cell",
             not short if judged else None,
         )
@@ -190,13 +198,25 @@ def main() -> int:
                 closed.append(gap)
             if d["value"] < b["value"] - 1e-9:
                 below.append(label)
-            drows.append([label, rep["n_traces"], b["value"], d["value"], o["value"], gap, d["cost_saved"], d["success_lost"]])
+            drows.append(
+                [
+                    label,
+                    rep["n_traces"],
+                    b["value"],
+                    d["value"],
+                    o["value"],
+                    gap,
+                    d["cost_saved"],
+                    d["success_lost"],
+                ]
+            )
             reports[f"default@{label}"] = rep
         pooled = sum(closed) / len(closed) if closed else float("nan")
         section.targets.append(
             Target(
                 "default model (not retrained) >= behavior on every set, s = 0.3",
-                f"{len(drows) - len(below)} of {len(drows)} sets" + (f" (below: {', '.join(below)})" if below else ""),
+                f"{len(drows) - len(below)} of {len(drows)} sets"
+                + (f" (below: {', '.join(below)})" if below else ""),
                 "every set",
                 not below,
             )
@@ -211,7 +231,16 @@ def main() -> int:
         )
         section.add("### The shipped default model, not retrained (s = 0.3)", "")
         section.table(
-            ["set", "test runs", "behavior", "default model", "oracle", "gap closed", "cost saved", "success lost"],
+            [
+                "set",
+                "test runs",
+                "behavior",
+                "default model",
+                "oracle",
+                "gap closed",
+                "cost saved",
+                "success lost",
+            ],
             drows,
         )
     section.data = {"reports": reports, "workdir": str(work)}

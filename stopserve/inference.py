@@ -388,20 +388,20 @@ def _build_one(text: bytes, target: Path, writable: bool) -> tuple[ctypes.CDLL, 
 
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
-    # the generated library describes itself: one raw output in doubles, over doubles
+    # the generated library describes itself: one output (one target, one class) in doubles,
+    # thresholds in doubles; anything else would not fit the one-double buffer it writes to
     kinds = {}
     for fn_name in ("get_threshold_type", "get_leaf_output_type"):
         fn = getattr(lib, fn_name)
         fn.restype = ctypes.c_char_p
         kinds[fn_name] = fn().decode()
     lib.get_num_target.restype = ctypes.c_int32
-    if (
-        kinds != {"get_threshold_type": "float64", "get_leaf_output_type": "float64"}
-        or lib.get_num_target() != 1
-    ):
-        raise _UnavailableError(
-            f"{path.name}: unexpected generated library ({kinds}, {lib.get_num_target()} targets)"
-        )
+    n_target = int(lib.get_num_target())
+    classes = (ctypes.c_int32 * max(1, n_target))()
+    lib.get_num_class(classes)
+    shape = (n_target, list(classes))
+    if set(kinds.values()) != {"float64"} or shape != (1, [1]):
+        raise _UnavailableError(f"{path.name}: an unexpected generated library ({kinds}, {shape})")
     return lib
 
 

@@ -258,6 +258,18 @@ def test_unusable_cache_dir_compiles_in_memory(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the fallback
 
 
+@needs_compiler
+def test_a_library_of_another_shape_is_refused(tmp_path: Path) -> None:
+    # three classes write three doubles: the one-double buffer must never see such a library
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(300, 4))
+    y = rng.integers(0, 3, 300)
+    params = {"objective": "multiclass", "num_class": 3, "verbose": -1, "num_leaves": 4}
+    multi = lgb.train(params, lgb.Dataset(X, y), 3)
+    with pytest.raises(ModelError, match="an unexpected generated library"):
+        Forest({"m": multi}, 4, engine="tl2cgen", cache_dir=tmp_path)
+
+
 def test_lightgbm_engine_compiles_nothing(tmp_path: Path) -> None:
     boosters = _train()
     forest = Forest(boosters, 8, engine="lightgbm", cache_dir=tmp_path / "c")

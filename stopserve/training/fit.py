@@ -113,6 +113,11 @@ EARLY_STOPPING: Final = 30
 MAX_IPW: Final = 20.0
 #: Passes of fitted backward induction for ``method="optimal"``.
 OPTIMAL_PASSES: Final = 3
+#: The trainer's own replays (each fold's policy, the in-sample one) use LightGBM's predict: they
+#: decide each run only until its first stop, tens of thousands of rows once, and compiling each
+#: fold's boosters would cost more (seconds per model) than it saves. The scores are the same to
+#: the last bit either way (tests/test_inference.py); the policy a user loads is compiled.
+REPLAY_ENGINE: Final = "lightgbm"
 #: The turn-equivalent cost-to-go target is clipped here (a first turn that cost nothing).
 MAX_K_TURNS: Final = 1000.0
 METHODS: Final = ("behavior", "optimal")
@@ -607,6 +612,7 @@ class PolicyLearner:
                     manifest=fold_manifest,
                     rule=base.to_safety_config(),
                     boosters={n: fold.boosters[n] for n in METHOD_MODELS[method]},
+                    engine=REPLAY_ENGINE,
                 )
             )
             fold_choice.append({"base": base_name, "deviates": True, "method": method, **_tuned_dict(t)})
@@ -727,7 +733,7 @@ class PolicyLearner:
         )
 
         # --------------------------------------------------------- in-sample replay of what ships
-        shipped = Policy.from_manifest(manifest, models, source="trained policy")
+        shipped = Policy.from_manifest(manifest, models, source="trained policy", engine=REPLAY_ENGINE)
         in_rows = replay_decide(iter(source), dp, lambda i: [shipped], lam=arg_lam, cost_share=arg_share)[0]
         in_sample = replay_rows(dp, in_rows, lam_value)
         if bar is not None:

@@ -118,12 +118,13 @@ def _row(label: str, share: float, rep: dict[str, Any]) -> tuple[list[Any], bool
 
 def main() -> int:
     ap = parser(__doc__ or "")
-    ap.add_argument("--workdir", type=Path, help="keep imports and models here (default: a temp folder)")
     ap.add_argument("--shares", default=",".join(str(s) for s in SHARES))
     ap.add_argument("--sets", default="", help="comma list of set labels (default: all)")
     args = ap.parse_args()
     section = Section("Decision quality on real runs and the simulator (issues 11, 12)", sys.argv)
     shares = [float(x) for x in args.shares.split(",") if x]
+    if args.size == "tiny":
+        shares = [0.3]  # a smoke run: one cost share
     work = args.workdir or Path(tempfile.mkdtemp(prefix="stopserve-quality-"))
     work.mkdir(parents=True, exist_ok=True)
     sets = _prepare(work, args.size)
@@ -244,6 +245,9 @@ def main() -> int:
             drows,
         )
     section.data = {"reports": reports, "workdir": str(work)}
+    sim = {k: v for k, v in reports.items() if k.startswith("sim@")}
+    if sim:
+        section.data["simulator"] = sim
     section.emit(args.out)
     return 0
 

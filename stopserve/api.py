@@ -9,7 +9,7 @@ never pays for the server's dependencies. Field names are the wire names.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,6 +17,12 @@ from stopserve.trace import Budget, Event, Stop, StopReason, Topology
 
 __all__ = [
     "API_VERSION",
+    "MAX_ID_CHARS",
+    "MAX_INT",
+    "MAX_NUMBER",
+    "MAX_TEXT_CHARS",
+    "ApiBudget",
+    "ApiEvent",
     "BatchDecideRequest",
     "BatchDecideResponse",
     "BatchItem",
@@ -39,6 +45,25 @@ __all__ = [
 
 API_VERSION = "v1"
 
+#: Characters of an id or a name (run, task, event ids; agent, tool, role, channel, system).
+MAX_ID_CHARS: Final = 256
+#: Characters of a free text field (``content_ref``: a hash, or the content itself).
+MAX_TEXT_CHARS: Final = 4096
+#: Largest integer accepted (tokens, caps): 2**53, exact in every JSON reader.
+MAX_INT: Final = 2**53
+#: Largest magnitude of a number (seconds, usd, rewards, lambda): far above any real value,
+#: far below where sums over a run overflow.
+MAX_NUMBER: Final = 1e15
+#: Entries of a rewards, costs or metrics map.
+MAX_MAP_ENTRIES: Final = 64
+
+_Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]
+_Amount = Annotated[float, Field(ge=-MAX_NUMBER, le=MAX_NUMBER, allow_inf_nan=False)]
+_OptName = Field(default=None, max_length=MAX_ID_CHARS)
+_OptSigned = Field(default=None, ge=-MAX_NUMBER, le=MAX_NUMBER, allow_inf_nan=False)
+_OptPositive = Field(default=None, ge=0, le=MAX_NUMBER, allow_inf_nan=False)
+_OptCount = Field(default=None, ge=0, le=MAX_INT)
+
 _EVENT_EXAMPLE: dict[str, Any] = {
     "id": "e7",
     "t": 41.5,
@@ -49,18 +74,50 @@ _EVENT_EXAMPLE: dict[str, Any] = {
 }
 
 
+class ApiEvent(Event):
+    """A format-v1 event as the service takes it: ids and names capped, every number in range.
+
+    A trace file may hold anything format v1 allows; a request may not hold more than the
+    service will keep and log (docs/service.md, Limits).
+    """
+
+    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    t: float = Field(ge=0, le=MAX_NUMBER, allow_inf_nan=False)
+    agent: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    role: str | None = _OptName
+    from_: str | None = Field(default=None, alias="from", max_length=MAX_ID_CHARS)
+    to: str | None = _OptName
+    tool: str | None = _OptName
+    content_ref: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
+    tokens: int | None = _OptCount
+    usd: float | None = _OptPositive
+    value: float | None = _OptSigned
+    channel: str | None = _OptName
+    grade: float | None = _OptSigned
+
+
+class ApiBudget(Budget):
+    """A :class:`~stopserve.trace.Budget` with its caps in range."""
+
+    max_turns: int | None = _OptCount
+    max_seconds: float | None = _OptPositive
+    max_tokens: int | None = _OptCount
+    max_usd: float | None = _OptPositive
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", allow_inf_nan=False)
 
 
 class _DecideFields(_Body):
-    budget: Budget | None = Field(
+    budget: ApiBudget | None = Field(
         default=None, description="Caps in force for this run (turns, seconds, tokens, usd)."
     )
     lam: float | None = Field(
         default=None,
         alias="lambda",
         ge=0,
+        le=MAX_NUMBER,
         allow_inf_nan=False,
         description="Cost weight (cost units per unit of reward); default: the model's.",
     )
@@ -80,9 +137,14 @@ class _DecideFields(_Body):
     proposed_stop: bool = Field(default=False, description="The orchestrator wants to stop now.")
     topology: Topology | None = Field(default=None, description="Topology of the run (first call).")
     task_id: str | None = Field(
-        default=None, min_length=1, description="Task id written to the trace log (default: the run id)."
+        default=None,
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        description="Task id written to the trace log (default: the run id).",
     )
-    system: str | None = Field(default=None, description="Producing system, written to the trace log.")
+    system: str | None = Field(
+        default=None, max_length=MAX_ID_CHARS, description="Producing system, written to the trace log."
+    )
 
 
 class DecideRequest(_DecideFields):
@@ -104,8 +166,19 @@ class DecideRequest(_DecideFields):
         }
     )
 
-    events: list[Event] = Field(
+    events: list[ApiEvent] = Field(
         default_factory=list, description="Format-v1 events (survey types accepted) since the last call."
+    )
+    prior_events: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_INT,
+        description=(
+            "How many of this run's events earlier calls delivered (the client counts them). "
+            "Above 0 on a run the service no longer holds (evicted, expired, restarted): 409 run_evicted "
+            "instead of starting the run over. 0: the events sent are the whole run (a new run, or "
+            "the resend of a run the service dropped)."
+        ),
     )
 
 
@@ -116,14 +189,20 @@ class StatelessDecideRequest(_DecideFields):
         json_schema_extra={"examples": [{"events": [_EVENT_EXAMPLE], "budget": {"max_turns": 40}}]}
     )
 
-    events: list[Event] = Field(min_length=1, description="Every event of the run so far, in time order.")
-    run_id: str | None = Field(default=None, description="Echoed back; nothing is stored.")
+    events: list[ApiEvent] = Field(min_length=1, description="Every event of the run so far, in time order.")
+    run_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        pattern=r"^[A-Za-z0-9._:@+-]+$",
+        description="Echoed back; nothing is stored.",
+    )
 
 
 class BatchItem(DecideRequest):
     """One run's share of a batch."""
 
-    run_id: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:@+-]+$")
+    run_id: str = Field(min_length=1, max_length=MAX_ID_CHARS, pattern=r"^[A-Za-z0-9._:@+-]+$")
 
 
 class BatchDecideRequest(_Body):
@@ -210,11 +289,13 @@ class OutcomeRequest(_Body):
         }
     )
 
-    rewards: dict[str, float] = Field(description="Final rewards by channel; 'team' in [0, 1].")
+    rewards: dict[_Id, _Amount] = Field(
+        max_length=MAX_MAP_ENTRIES, description="Final rewards by channel; 'team' in [0, 1]."
+    )
     stop: Stop | None = None
-    events: list[Event] = Field(default_factory=list, description="Last events not yet sent, if any.")
-    costs: dict[str, float] = Field(default_factory=dict)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    events: list[ApiEvent] = Field(default_factory=list, description="Last events not yet sent, if any.")
+    costs: dict[_Id, _Amount] = Field(default_factory=dict, max_length=MAX_MAP_ENTRIES)
+    metrics: dict[_Id, _Amount] = Field(default_factory=dict, max_length=MAX_MAP_ENTRIES)
 
 
 class OutcomeResponse(BaseModel):

@@ -9,21 +9,30 @@ A model directory holds::
     q.txt s.txt k.txt   LightGBM text models (none for a pure-heuristic policy)
     MODEL_CARD.md    generated from the manifest
 
-Loading reads every file once, checks its sha256 against the manifest and the
-feature names against :data:`stopserve.features.FEATURE_NAMES`, and refuses with
-:class:`~stopserve.errors.ModelIntegrityError` (or
+Loading reads every file the manifest lists once (only those: ``MODEL_CARD.md``
+too), checks its sha256 against the manifest and the feature names against
+:data:`stopserve.features.FEATURE_NAMES`, never follows a link out of the
+directory, and refuses with :class:`~stopserve.errors.ModelIntegrityError` (or
 :class:`~stopserve.errors.ModelNotFoundError`) otherwise. No pickle: models are
 LightGBM text, everything else is JSON.
+
+Writing is atomic: the new directory is built beside the old one, fsynced, and
+swapped in with one ``renameat2(RENAME_EXCHANGE)`` where the kernel has it, so a
+crash at any point leaves a whole model (old or new) at the path.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import hashlib
 import json
 import math
 import os
 import platform
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +61,8 @@ CARD_FILE: Final = "MODEL_CARD.md"
 KINDS: Final = ("model", "heuristic", "none")
 #: Model files are small (kilobytes to a few MB); bound what a load may read.
 MAX_MODEL_FILE_BYTES: Final = 256 * 1024 * 1024
+#: Characters of a model version: it is written into every decision line.
+MAX_VERSION_CHARS: Final = 256
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -81,6 +92,7 @@ class ModelArtifact:
     path: Path
     manifest: dict[str, Any]
     models: dict[str, str] = field(default_factory=dict)
+    card: str | None = None  # MODEL_CARD.md, when the manifest lists (and so hashes) it
 
     @property
     def kind(self) -> str:
@@ -160,16 +172,65 @@ def save_model_dir(
         files[CARD_FILE] = sha256_bytes(card)
         full["files"] = files
         (tmp / MANIFEST_FILE).write_bytes(_dumps(full))
+        for name in os.listdir(tmp):
+            _fsync(tmp / name)
+        _fsync(tmp)
         if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+            _swap_in(tmp, out)  # tmp now holds the old model
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.rename(out)
+        _fsync(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
 
 
-def _read(path: Path) -> bytes:
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_RENAME_EXCHANGE: Final = 2
+_AT_FDCWD: Final = -100
+
+
+def _swap_in(new: Path, out: Path) -> None:
+    """Put ``new`` at ``out``; afterwards ``new`` holds what ``out`` held.
+
+    Linux: one ``renameat2(RENAME_EXCHANGE)``, so ``out`` is a whole model at every
+    instant. Elsewhere (or a file system without it): two renames, the old model
+    kept beside as ``.<name>.old-*`` until the new one is in place.
+    """
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        renameat2 = getattr(libc, "renameat2", None)
+        if renameat2 is not None:
+            rc = renameat2(
+                _AT_FDCWD, os.fsencode(new), _AT_FDCWD, os.fsencode(out), ctypes.c_uint(_RENAME_EXCHANGE)
+            )
+            if rc == 0:
+                return
+            err = ctypes.get_errno()
+            if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise OSError(err, os.strerror(err), str(out))
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    old.rmdir()
+    out.rename(old)
+    new.rename(out)
+    old.rename(new)
+
+
+def _read(path: Path, root: Path | None = None) -> bytes:
+    if root is not None:
+        # a listed file may be a link inside the directory, never to a file outside it
+        real = path.resolve()
+        if not real.is_relative_to(root.resolve()):
+            raise ModelIntegrityError(f"{path}: links to {real}, outside the model directory; refused")
     try:
         size = path.stat().st_size
         if size > MAX_MODEL_FILE_BYTES:
@@ -199,7 +260,7 @@ def load_model_dir(
     if not mpath.is_file():
         raise ModelNotFoundError(f"{mpath}: no manifest.json: not a model directory")
     try:
-        manifest = json.loads(_read(mpath))
+        manifest = json.loads(_read(mpath, root))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelIntegrityError(f"{mpath}: not valid JSON: {exc}") from None
     if not isinstance(manifest, dict):
@@ -213,11 +274,21 @@ def load_model_dir(
     files = manifest.get("files")
     if not isinstance(files, dict):
         raise ModelIntegrityError(f"{mpath}: files: missing or not an object of sha256 digests")
+    version = manifest.get("model_version")
+    if version is not None and not (isinstance(version, str) and len(version) <= MAX_VERSION_CHARS):
+        raise ModelIntegrityError(
+            f"{mpath}: model_version: expected a string of at most {MAX_VERSION_CHARS} characters"
+        )
+    names = manifest.get("feature_names")
+    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise ModelIntegrityError(f"{mpath}: feature_names: expected a list of names")
     blobs: dict[str, bytes] = {}
     for fname, digest in files.items():
         if not isinstance(fname, str) or "/" in fname or "\\" in fname or fname.startswith("."):
             raise ModelIntegrityError(f"{mpath}: files: bad file name {fname!r}")
-        data = _read(root / fname)
+        if not isinstance(digest, str):
+            raise ModelIntegrityError(f"{mpath}: files.{fname}: expected a sha256 hex digest")
+        data = _read(root / fname, root)
         actual = sha256_bytes(data)
         if actual != digest:
             raise ModelIntegrityError(
@@ -249,7 +320,9 @@ def load_model_dir(
             raise ModelIntegrityError(f"{root / fname}: not a LightGBM text model (not UTF-8)") from None
     if kind == "model" and not models:
         raise ModelIntegrityError(f"{mpath}: kind is 'model' but no model files are listed")
-    return ModelArtifact(path=root, manifest=manifest, models=models)
+    card = blobs.get(CARD_FILE)
+    text = card.decode("utf-8", "replace") if card is not None else None
+    return ModelArtifact(path=root, manifest=manifest, models=models, card=text)
 
 
 def _feature_diff(recorded: list[str], expected: list[str]) -> str:

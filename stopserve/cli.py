@@ -239,7 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="bind address (default 127.0.0.1; STOPSERVE_HOST)")
     p.add_argument("--port", type=int, help="port (default 8080; STOPSERVE_PORT)")
     p.add_argument("--log-dir", metavar="DIR", help="decision and trace log folder (STOPSERVE_LOG_DIR)")
-    p.add_argument("--workers", type=_positive_int, help="worker processes (STOPSERVE_WORKERS)")
+    p.add_argument(
+        "--workers", type=_positive_int, help="worker processes: only 1 for now (STOPSERVE_WORKERS)"
+    )
     p.add_argument("--no-model", action="store_true", help="run on safety nets alone")
 
     from stopserve.hooks import DEFAULT_MAX_BLOCKS, DEFAULT_TIMEOUT

@@ -15,6 +15,13 @@ next call. After a failure the client skips the service for ``cooldown``
 seconds (a circuit breaker), so a dead sidecar costs one timeout, not one per
 turn.
 
+The client keeps a journal of every event of a run (up to ``max_journal``) and
+tells the service how many it delivered (``prior_events``). When the service no
+longer holds the run (its store evicted it, or it restarted: 409 ``run_evicted``),
+the client resends the whole journal once, so the run resumes at its real turn with
+its safety nets; if it cannot (journal cut short, refused), it decides that run
+locally from then on, and spools its trace at the outcome.
+
 :class:`EventRecorder` turns an orchestrator's own actions into format-v1
 events (ids, clock, tokens, content hashes)::
 
@@ -34,6 +41,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -55,6 +63,7 @@ from stopserve.errors import (
     ConfigError,
     Issue,
     RunClosedError,
+    RunEvictedError,
     RunLimitError,
     RunNotFoundError,
     StopServeError,
@@ -252,7 +261,10 @@ class _LocalRun:
     state: RunState
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> event, in order
     dropped: int = 0
-    journal: list[dict[str, Any]] | None = None  # every event, kept only when spooling
+    journal: list[dict[str, Any]] = field(default_factory=list)  # every event, to resend or spool
+    journal_full: bool = False  # more events than max_journal: the journal cannot be resent
+    delivered: int = 0  # events the service took (what prior_events says)
+    local_only: bool = False  # the service dropped the run and it could not be resent
     task_id: str | None = None
     system: str | None = None
 
@@ -349,11 +361,10 @@ class _Core:
             run.state.fold_many(new)  # checks the whole batch before folding any of it
             for event in new:
                 run.pending[event.id] = data = event.dump()
-                if self.spool is not None:
-                    if run.journal is None:
-                        run.journal = []
-                    if len(run.journal) < self.max_journal:
-                        run.journal.append(dict(data))
+                if len(run.journal) < self.max_journal:
+                    run.journal.append(dict(data))
+                else:
+                    run.journal_full = True
             if len(run.pending) > self.max_pending:
                 # the service has been away a long time: keep the newest events, bounded memory
                 cut = len(run.pending) - self.max_pending
@@ -363,11 +374,33 @@ class _Core:
                 log.warning("stopserve: run %s: dropped %d unsent events (service away)", run_id, cut)
         return run
 
-    def sent(self, run: _LocalRun, ids: Iterable[str]) -> None:
+    def sent(self, run: _LocalRun, ids: Iterable[str], *, delivered: bool = True) -> None:
         """The service took these events (or refused them for good): stop resending them."""
         with self._lock:
             for gone in ids:
-                run.pending.pop(gone, None)
+                if run.pending.pop(gone, None) is not None and delivered:
+                    run.delivered += 1
+
+    def resend_body(self, run: _LocalRun, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The decide body that resends the whole run (after 409 run_evicted), or None if it cannot."""
+        if run.journal_full or not run.journal:
+            return None
+        events = [{k: v for k, v in e.items() if k != "decision"} for e in run.journal]
+        out = {**body, "events": events, "prior_events": 0}
+        for key, value in (("task_id", run.task_id), ("system", run.system)):
+            if value is not None:
+                out[key] = value
+        return out
+
+    def resent(self, run: _LocalRun) -> None:
+        """The service took the whole journal again."""
+        with self._lock:
+            run.pending.clear()
+            run.delivered = len(run.journal)
+
+    def give_up(self, run_id: str, run: _LocalRun, why: StopServeError) -> None:
+        run.local_only = True
+        log.warning("stopserve: %s; run %s is decided locally from now on", why, run_id)
 
     def note(self, run: _LocalRun, decision: DecideResponse) -> DecideResponse:
         """Keep the decision on the run's last event, for the spool (format v1 ``decision``)."""
@@ -411,6 +444,16 @@ class _Core:
             return None
         return self.spool
 
+    def undelivered(self, run_id: str, run: _LocalRun | None, body: Mapping[str, Any], why: object) -> None:
+        """The outcome cannot reach the service: spool the trace (when spooling) and say so."""
+        where = self.spool_trace(run_id, run, body)
+        log.warning(
+            "stopserve: outcome of run %s not delivered (%s)%s",
+            run_id,
+            why,
+            f"; trace spooled to {where}" if where else "",
+        )
+
     def forget(self, run_id: str) -> None:
         with self._lock:
             self._runs.pop(run_id, None)
@@ -438,7 +481,8 @@ class _Core:
     ) -> dict[str, Any]:
         with self._lock:
             events = list(run.pending.values())
-        body: dict[str, Any] = {"events": events, "proposed_stop": proposed_stop}
+            delivered = run.delivered
+        body: dict[str, Any] = {"events": events, "proposed_stop": proposed_stop, "prior_events": delivered}
         b = _as_budget(budget) or self.budget
         if b is not None:
             body["budget"] = b.model_dump(exclude_none=True)
@@ -492,6 +536,8 @@ def _client_error(status: int, data: Any, what: str) -> StopServeError:
         kind = AuthError
     elif status == 404:
         kind = RunNotFoundError
+    elif status == 409 and _error_type(data) == "run_evicted":
+        kind = RunEvictedError
     elif status == 409:
         kind = RunClosedError
     elif status == 413:
@@ -501,9 +547,21 @@ def _client_error(status: int, data: Any, what: str) -> StopServeError:
     return kind(message, issues)
 
 
+def _error_type(data: Any) -> str | None:
+    error = data.get("error") if isinstance(data, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9._:@+-]{1,256}")
+
+
 def _run_path(run_id: str) -> str:
-    if not run_id:
-        raise ConfigError("run_id must not be empty")
+    if not _RUN_ID.fullmatch(run_id):
+        raise ConfigError(
+            f"run_id {run_id[:60]!r}: letters, digits and . _ : @ + - only, 1 to 256 characters",
+            [Issue("not a valid run id", path="run_id")],
+        )
     return "/v1/runs/" + quote(run_id, safe="")
 
 
@@ -663,7 +721,7 @@ class StopClient:
         path = _run_path(run_id) + "/decide"
         cfg = _as_safety(safety)
         run = core.fold(run_id, events, budget, task_id, system)
-        if core.is_down():
+        if core.is_down() or run.local_only:
             return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
         body = core.decide_body(
             run,
@@ -675,7 +733,20 @@ class StopClient:
         )
         sent = [e["id"] for e in body["events"]]
         try:
-            data = self._request("POST", path, body, f"decide {run_id!r}")
+            try:
+                data = self._request("POST", path, body, f"decide {run_id!r}")
+            except RunEvictedError as exc:
+                # the service dropped the run: resend all of it once, or decide it locally from now on
+                whole = core.resend_body(run, body)
+                if whole is None:
+                    core.give_up(run_id, run, exc)
+                    return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
+                try:
+                    data = self._request("POST", path, whole, f"decide {run_id!r} (resent)")
+                except StopServeError as again:
+                    core.give_up(run_id, run, again)
+                    return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
+                core.resent(run)
             decision = DecideResponse.model_validate(data)
         except _UnavailableError:
             return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
@@ -684,7 +755,8 @@ class StopClient:
             return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
         except StopServeError as exc:
             if isinstance(exc, RunClosedError | RunLimitError):
-                core.sent(run, sent)  # the service will never take them: do not resend forever
+                # the service will never take them: do not resend forever
+                core.sent(run, sent, delivered=False)
             if core.raise_on_client_error:
                 raise
             log.warning("stopserve: %s; deciding locally", exc)
@@ -709,6 +781,9 @@ class StopClient:
         """
         run = self._core._runs.get(run_id)
         body = _outcome_body(run, rewards, stop=stop, events=events, costs=costs, metrics=metrics)
+        if run is not None and run.local_only:
+            self._core.undelivered(run_id, run, body, "the service dropped the run")
+            return None
         try:
             data = self._request(
                 "POST",
@@ -718,14 +793,8 @@ class StopClient:
                 timeout=self._core.outcome_timeout,
                 closed_ok_on_retry=True,
             )
-        except _UnavailableError as exc:
-            where = self._core.spool_trace(run_id, run, body)
-            log.warning(
-                "stopserve: outcome of run %s not delivered (%s)%s",
-                run_id,
-                exc,
-                f"; trace spooled to {where}" if where else "",
-            )
+        except (_UnavailableError, RunEvictedError) as exc:
+            self._core.undelivered(run_id, run, body, exc)
             return None
         self._core.forget(run_id)
         return OutcomeResponse.model_validate(data) if data is not None else None
@@ -880,7 +949,7 @@ class AsyncStopClient:
         path = _run_path(run_id) + "/decide"
         cfg = _as_safety(safety)
         run = core.fold(run_id, events, budget, task_id, system)
-        if core.is_down():
+        if core.is_down() or run.local_only:
             return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
         body = core.decide_body(
             run,
@@ -892,7 +961,20 @@ class AsyncStopClient:
         )
         sent = [e["id"] for e in body["events"]]
         try:
-            data = await self._request("POST", path, body, f"decide {run_id!r}")
+            try:
+                data = await self._request("POST", path, body, f"decide {run_id!r}")
+            except RunEvictedError as exc:
+                # the service dropped the run: resend all of it once, or decide it locally from now on
+                whole = core.resend_body(run, body)
+                if whole is None:
+                    core.give_up(run_id, run, exc)
+                    return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
+                try:
+                    data = await self._request("POST", path, whole, f"decide {run_id!r} (resent)")
+                except StopServeError as again:
+                    core.give_up(run_id, run, again)
+                    return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
+                core.resent(run)
             decision = DecideResponse.model_validate(data)
         except _UnavailableError:
             return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
@@ -901,7 +983,8 @@ class AsyncStopClient:
             return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
         except StopServeError as exc:
             if isinstance(exc, RunClosedError | RunLimitError):
-                core.sent(run, sent)  # the service will never take them: do not resend forever
+                # the service will never take them: do not resend forever
+                core.sent(run, sent, delivered=False)
             if core.raise_on_client_error:
                 raise
             log.warning("stopserve: %s; deciding locally", exc)
@@ -922,6 +1005,9 @@ class AsyncStopClient:
         """Close the run with its final rewards (``None`` when the service cannot be reached)."""
         run = self._core._runs.get(run_id)
         body = _outcome_body(run, rewards, stop=stop, events=events, costs=costs, metrics=metrics)
+        if run is not None and run.local_only:
+            self._core.undelivered(run_id, run, body, "the service dropped the run")
+            return None
         try:
             data = await self._request(
                 "POST",
@@ -931,14 +1017,8 @@ class AsyncStopClient:
                 timeout=self._core.outcome_timeout,
                 closed_ok_on_retry=True,
             )
-        except _UnavailableError as exc:
-            where = self._core.spool_trace(run_id, run, body)
-            log.warning(
-                "stopserve: outcome of run %s not delivered (%s)%s",
-                run_id,
-                exc,
-                f"; trace spooled to {where}" if where else "",
-            )
+        except (_UnavailableError, RunEvictedError) as exc:
+            self._core.undelivered(run_id, run, body, exc)
             return None
         self._core.forget(run_id)
         return OutcomeResponse.model_validate(data) if data is not None else None

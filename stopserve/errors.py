@@ -16,7 +16,8 @@ CLI prints them without a traceback.
     ├── RunError                   a live run cannot take this request
     │   ├── RunNotFoundError
     │   ├── RunClosedError
-    │   └── RunLimitError          too many events or runs
+    │   ├── RunEvictedError        the run store dropped it: resend its events or decide locally
+    │   └── RunLimitError          too many events, runs or bytes
     ├── TrainingError              the data cannot train or evaluate a policy
     ├── HookInputError             a harness's hook input (stdin JSON) is not what its protocol says
     └── AuthError                  admin token missing or wrong
@@ -42,6 +43,7 @@ __all__ = [
     "ModelNotFoundError",
     "RunClosedError",
     "RunError",
+    "RunEvictedError",
     "RunLimitError",
     "RunNotFoundError",
     "StopServeError",
@@ -146,8 +148,15 @@ class RunClosedError(RunError):
     """The run already received its outcome."""
 
 
+class RunEvictedError(RunError):
+    """The service no longer holds this run (evicted, expired, or a restart): it will not start it over.
+
+    The caller resends every event of the run with ``prior_events: 0``, or decides locally.
+    """
+
+
 class RunLimitError(RunError):
-    """A bound was hit: events per run, events per request, or live runs."""
+    """A bound was hit: events or bytes per run, events per request, runs per batch."""
 
 
 class TrainingError(StopServeError):

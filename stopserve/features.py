@@ -67,6 +67,8 @@ _INF: Final = math.inf
 
 #: Number of most recent outcomes the error share is taken over.
 ERROR_WINDOW: Final = 10
+#: Number of latest rewards (primary channel) the recent reward gain is taken over.
+REWARD_TREND_WINDOW: Final = 4
 #: Number of most recent events the distinct-ref ratio is taken over.
 REF_RATIO_WINDOW: Final = 20
 #: Content refs longer than this are hashed before they are remembered.
@@ -94,118 +96,85 @@ LOOP_PATTERNS: Final[tuple[str, ...]] = (
 #: Event ids kept per agent for the repeated-reply report.
 _REPLY_ID_WINDOW: Final = 8
 
-FEATURE_NAMES: Final[tuple[str, ...]] = (
-    # progress
-    "elapsed_s",
-    "turn",
-    "n_events",
-    *(f"n_{kind}" for kind in EVENT_TYPES),
-    "agents_seen",
-    "agents_active",
-    "delegations_pending",
-    "seconds_last_event",
-    "seconds_per_turn",
-    # spend
-    "tokens",
-    "usd",
-    "tokens_per_turn",
-    "usd_per_turn",
-    "tokens_last_turn",
-    "budget_share_turns",
-    "budget_share_seconds",
-    "budget_share_tokens",
-    "budget_share_usd",
-    # errors
-    "errors_total",
-    "errors_consecutive",
-    "error_share_recent",
-    # repetition
-    "latest_ref_count",
-    "identical_run",
-    "identical_run_max",
-    "distinct_ref_ratio",
-    "abab_flag",
-    "same_result_run",
-    "same_error_run",
-    "monologue_run",
-    "alternation_len",
-    "cycle_repeats",
-    "repeated_reply_run",
-    # consensus
-    "consensus_share",
-    "consensus_agents",
-    # rewards
-    "reward_latest",
-    "reward_best",
-    "reward_delta",
-    "turns_since_best",
-    "tokens_since_best",
-    # structure
-    *(f"topology_{name}" for name in TOPOLOGIES),
-    "stop_proposals",
-    "turns_since_proposal",
-    "rounds_at_best",
+# Features in blocks: (group, names), in the order of the feature vector. A group may come back
+# in a later block (features added later go at the end: a model's feature order never moves).
+_BLOCKS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
+    (
+        "progress",
+        (
+            "elapsed_s",
+            "turn",
+            "n_events",
+            *(f"n_{kind}" for kind in EVENT_TYPES),
+            "agents_seen",
+            "agents_active",
+            "delegations_pending",
+            "seconds_last_event",
+            "seconds_per_turn",
+        ),
+    ),
+    (
+        "spend",
+        (
+            "tokens",
+            "usd",
+            "tokens_per_turn",
+            "usd_per_turn",
+            "tokens_last_turn",
+            "budget_share_turns",
+            "budget_share_seconds",
+            "budget_share_tokens",
+            "budget_share_usd",
+        ),
+    ),
+    ("errors", ("errors_total", "errors_consecutive", "error_share_recent")),
+    (
+        "repetition",
+        (
+            "latest_ref_count",
+            "identical_run",
+            "identical_run_max",
+            "distinct_ref_ratio",
+            "abab_flag",
+            "same_result_run",
+            "same_error_run",
+            "monologue_run",
+            "alternation_len",
+            "cycle_repeats",
+            "repeated_reply_run",
+        ),
+    ),
+    ("consensus", ("consensus_share", "consensus_agents")),
+    ("rewards", ("reward_latest", "reward_best", "reward_delta", "turns_since_best", "tokens_since_best")),
+    (
+        "structure",
+        (
+            *(f"topology_{name}" for name in TOPOLOGIES),
+            "stop_proposals",
+            "turns_since_proposal",
+            "rounds_at_best",
+        ),
+    ),
     # progress on real runs: scale-free (shares and ratios), so they transfer across systems
-    "proposals_rejected",
-    "turns_since_new_result",
-    "error_share_total",
-    "tokens_last_turn_ratio",
-    "tokens_share_since_best",
+    (
+        "real_runs",
+        (
+            "proposals_rejected",
+            "turns_since_new_result",
+            "error_share_total",
+            "tokens_last_turn_ratio",
+            "tokens_share_since_best",
+        ),
+    ),
+    # the reward's trend: a run still improving is not done
+    ("rewards", ("reward_gain_recent", "reward_improving_run")),
 )
+
+FEATURE_NAMES: Final[tuple[str, ...]] = tuple(name for _, names in _BLOCKS for name in names)
 
 #: Features grouped by what they describe (docs/features.md; the trainer's ablation table).
 FEATURE_GROUPS: Final[dict[str, tuple[str, ...]]] = {
-    "progress": (
-        "elapsed_s",
-        "turn",
-        "n_events",
-        *(f"n_{kind}" for kind in EVENT_TYPES),
-        "agents_seen",
-        "agents_active",
-        "delegations_pending",
-        "seconds_last_event",
-        "seconds_per_turn",
-    ),
-    "spend": (
-        "tokens",
-        "usd",
-        "tokens_per_turn",
-        "usd_per_turn",
-        "tokens_last_turn",
-        "budget_share_turns",
-        "budget_share_seconds",
-        "budget_share_tokens",
-        "budget_share_usd",
-    ),
-    "errors": ("errors_total", "errors_consecutive", "error_share_recent"),
-    "repetition": (
-        "latest_ref_count",
-        "identical_run",
-        "identical_run_max",
-        "distinct_ref_ratio",
-        "abab_flag",
-        "same_result_run",
-        "same_error_run",
-        "monologue_run",
-        "alternation_len",
-        "cycle_repeats",
-        "repeated_reply_run",
-    ),
-    "consensus": ("consensus_share", "consensus_agents"),
-    "rewards": ("reward_latest", "reward_best", "reward_delta", "turns_since_best", "tokens_since_best"),
-    "structure": (
-        *(f"topology_{name}" for name in TOPOLOGIES),
-        "stop_proposals",
-        "turns_since_proposal",
-        "rounds_at_best",
-    ),
-    "real_runs": (
-        "proposals_rejected",
-        "turns_since_new_result",
-        "error_share_total",
-        "tokens_last_turn_ratio",
-        "tokens_share_since_best",
-    ),
+    group: tuple(n for g, names in _BLOCKS if g == group for n in names) for group, _ in _BLOCKS
 }
 
 #: Features measured in a system's own absolute units (seconds, tokens, dollars): they tell
@@ -295,6 +264,7 @@ class RunState:
         "_ident_run",
         "_ident_sig",
         "_ids",
+        "_improving_run",
         "_last_dt",
         "_last_new_result_turn",
         "_last_proposal_turn",
@@ -322,6 +292,7 @@ class RunState:
         "_reply_ids",
         "_reply_last",
         "_reply_run",
+        "_rewards_recent",
         "_same_err_run",
         "_same_res_run",
         "_seen_window",
@@ -412,6 +383,9 @@ class RunState:
         self._channel_latest: dict[str, float] = {}
         self._latest: float | None = None
         self._prev_reward: float | None = None
+        # the primary channel's latest rewards (trend) and its run of improvements
+        self._rewards_recent: deque[float] = deque(maxlen=REWARD_TREND_WINDOW)
+        self._improving_run = 0
         self._best: float | None = None
         self._best_turn = 0
         self._best_tokens = 0
@@ -741,6 +715,9 @@ class RunState:
             return
         self._prev_reward = self._latest
         self._latest = value
+        self._rewards_recent.append(value)
+        prev = self._prev_reward
+        self._improving_run = self._improving_run + 1 if prev is not None and value > prev else 0
         if self._best is None or value > self._best:
             self._best = value
             self._best_turn = self._turn + 1
@@ -823,9 +800,17 @@ class RunState:
             self._err_total / per_turn,
             self._tokens_last_turn * per_turn / self._tokens if self._tokens else _NAN,
             _NAN if best is None or not self._tokens else (self._tokens - self._best_tokens) / self._tokens,
+            self._reward_gain_recent(),
+            self._improving_run,
         ]
         # fromiter: 3x faster than np.array on a short list of mixed ints and floats
         return np.fromiter(values, dtype=np.float64, count=_N_FEATURES)
+
+    def _reward_gain_recent(self) -> float:
+        recent = self._rewards_recent
+        if len(recent) < 2:
+            return _NAN
+        return (recent[-1] - recent[0]) / (len(recent) - 1)
 
     def feature_dict(self) -> dict[str, float]:
         """The features by name (for humans and logs)."""

@@ -123,7 +123,7 @@ def _at_least(x: Any, lo: float) -> Any:
     return np.maximum(x, lo) if isinstance(x, np.ndarray) else max(x, lo)
 
 
-def _sigmoid(z: Any) -> Any:
+def _logistic(z: Any) -> Any:
     """``1 / (1 + exp(-z))``, on arrays through numpy, on one number through ``math``."""
     if isinstance(z, np.ndarray):
         return 1.0 / (1.0 + np.exp(-z))
@@ -197,20 +197,25 @@ class Policy:
         self.rule_name: str | None = manifest.get("rule_name")
         self.cost_unit: str = str(manifest.get("cost_unit") or "ktokens")
         self.method: str = str(manifest.get("method") or "none")
-        lam = manifest.get("default_lambda")
-        share = manifest.get("default_cost_share")
-        self.default_lambda: float | None = None if lam is None else float(lam)
-        self.default_cost_share: float | None = None if share is None else float(share)
-        scale = manifest.get("cost_scale") or {}
-        mean = scale.get("mean_behavior_cost") if isinstance(scale, Mapping) else None
-        self.mean_behavior_cost: float | None = None if mean is None else float(mean)
-        objective = manifest.get("objective") or {}
-        self._lam0: float | None = objective.get("lambda")
-        self._share0: float | None = objective.get("cost_share")
-        margins = manifest.get("margins") or {}
-        self.margin_stop = _margin(margins.get("stop"))
-        self.margin_continue = _margin(margins.get("continue"))
-        self.min_turns = int(manifest.get("min_turns") or 0)
+        self.default_lambda = _number(manifest, "default_lambda", minimum=0.0)
+        self.default_cost_share = _number(manifest, "default_cost_share", minimum=0.0)
+        self.mean_behavior_cost = _number(
+            _section(manifest, "cost_scale"), "mean_behavior_cost", "cost_scale."
+        )
+        objective = _section(manifest, "objective")
+        self._lam0 = _number(objective, "lambda", "objective.")
+        self._share0 = _number(objective, "cost_share", "objective.")
+        # how each model's raw score becomes its value: "sigmoid" for a probability-like target
+        # (cross-entropy objective), "identity" for a regression
+        entries = _section(manifest, "models")
+        self._sigmoid: frozenset[str] = frozenset(
+            n for n, e in entries.items() if isinstance(e, Mapping) and e.get("transform") == "sigmoid"
+        )
+        margins = _section(manifest, "margins")
+        self.margin_stop = _margin(_number(margins, "stop", "margins."))
+        self.margin_continue = _margin(_number(margins, "continue", "margins."))
+        min_turns = _number(manifest, "min_turns", minimum=0.0)
+        self.min_turns = 0 if min_turns is None else int(min_turns)
         self._forest: Forest | None = None
         self._index: dict[str, int] = {}
         self.boosters: dict[str, Any] = {}
@@ -366,9 +371,12 @@ class Policy:
                 cost_share=self._share0,
                 mean_cost=self.mean_behavior_cost,
             )
-            s = _sigmoid(raw["s"])
+            s = self._post("s", raw["s"])
             return raw["c"] - s - (w - w0), ctg, s
         return raw["g"] - w, ctg, None
+
+    def _post(self, name: str, raw: Any) -> Any:
+        return _logistic(raw) if name in self._sigmoid else raw
 
     @property
     def inference(self) -> dict[str, Any] | None:
@@ -448,6 +456,9 @@ class Policy:
             propensity: float = 1.0,
             by: SafetyStop | None = None,
         ) -> StopDecision:
+            pattern = None if by is None else by.pattern
+            if action == "stop" and pattern is None:
+                pattern = nets.loop.closest(state)  # what the run was repeating, if anything
             return StopDecision(
                 action=action,
                 reason=reason,
@@ -457,7 +468,7 @@ class Policy:
                 cost_to_go=ctg,
                 turn=turn,
                 limit=None if by is None else by.limit,
-                pattern=None if by is None else by.pattern,
+                pattern=pattern,
                 finalize=action == "stop",
                 model_version=version,
                 propensity=propensity,
@@ -484,9 +495,33 @@ class Policy:
         return answer("continue", None)
 
 
-def _margin(value: Any) -> float:
+def _margin(value: float | None) -> float:
     """A margin from the manifest; ``null`` (JSON has no infinity) means "never deviate"."""
-    return math.inf if value is None else float(value)
+    return math.inf if value is None else value
+
+
+def _section(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """An object-valued manifest field (absent: empty), or a clear error naming the field."""
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ModelIntegrityError(f"manifest.json: {key}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _number(
+    data: Mapping[str, Any], key: str, prefix: str = "", *, minimum: float | None = None
+) -> float | None:
+    """A finite number from the manifest (absent or null: None), or a clear error naming the field."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ModelIntegrityError(f"manifest.json: {prefix}{key}: expected a finite number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ModelIntegrityError(f"manifest.json: {prefix}{key}: must be >= {minimum:g}, got {value!r}")
+    return float(value)
 
 
 def _nets_from(data: Any, source: str) -> SafetyConfig:

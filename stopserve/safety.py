@@ -22,8 +22,8 @@ True
 client's local fallback and every integration when nothing else is given: the loop
 detector on with the thresholds tuned on real runs (``docs/safety.md``), ``quality_met``
 at 1.0 on the ``quality`` channel (a run whose quality reward reaches the top of the
-format's [0, 1] scale is done), ``min_turns`` 2 (verification gets its chance: no
-model, rule, proposed or quality stop at the first decision point), no budget. A model's manifest may add
+format's [0, 1] scale is done), ``min_turns`` 1 (a stop needs a decision point; a
+learned model tunes its own ``min_turns`` on top), no budget. A model's manifest may add
 nets, never switch these off; turning one off takes an explicit config
 (``{"loop": false}``, ``{"quality_met": null}``).
 """
@@ -140,6 +140,20 @@ class LoopConfig(BaseModel):
             return ()
         return tuple((p, int(getattr(self, p))) for p in LOOP_PATTERNS if getattr(self, p))
 
+    def closest(self, state: RunState) -> str | None:
+        """The loop pattern nearest its threshold among those seen at least twice in a row, or ``None``.
+
+        Not a stop: a pattern in progress, named on a model stop so the answer says what
+        the run was repeating.
+        """
+        best: tuple[float, str] | None = None
+        for pattern in LOOP_PATTERNS:
+            threshold: int = getattr(self, pattern)
+            run = state.loop_run(pattern)
+            if threshold and run >= 2 and (best is None or run / threshold > best[0]):
+                best = (run / threshold, pattern)
+        return None if best is None else best[1]
+
     def check(self, state: RunState) -> SafetyStop | None:
         """The first loop pattern at or above its threshold, or ``None``."""
         for pattern, threshold in self._active:
@@ -188,7 +202,7 @@ class SafetyConfig(BaseModel):
     max_seconds: float | None = Field(default=None, ge=0)
     max_tokens: int | None = Field(default=None, ge=0)
     max_usd: float | None = Field(default=None, ge=0)
-    min_turns: int = Field(default=2, ge=0)
+    min_turns: int = Field(default=1, ge=0)
     quality_met: float | None = 1.0
     quality_channel: str | None = "quality"
     loop: LoopConfig = Field(default_factory=LoopConfig)

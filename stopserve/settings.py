@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from stopserve.errors import ConfigError, Issue
 
@@ -33,7 +33,9 @@ class Settings(BaseSettings):
     no_model: bool = Field(default=False, description="Serve on safety nets alone.")
     host: str = Field(default="127.0.0.1", description="Bind address.")
     port: int = Field(default=8080, ge=0, le=65535)
-    workers: int = Field(default=1, ge=1, description="Worker processes (runs are per process).")
+    workers: int = Field(
+        default=1, ge=1, description="Worker processes: only 1 (a run's state lives in one process)."
+    )
     log_dir: Path | None = Field(
         default=Path("stopserve-logs"), description="Decision and trace logs; empty: no logging."
     )
@@ -42,12 +44,28 @@ class Settings(BaseSettings):
     )
     fsync_interval_s: float = Field(default=1.0, gt=0)
     log_max_bytes: int = Field(default=256 * 1024 * 1024, ge=4096, description="Rotate log files above this.")
+    log_retain_bytes: int = Field(
+        default=4 * 1024 * 1024 * 1024,
+        ge=4096,
+        description="Bytes each log keeps, rotated files included; the oldest rotated files go first.",
+    )
     max_runs: int = Field(default=10_000, ge=1, description="Live runs kept; the least recently used go.")
     run_ttl_s: float = Field(default=3600.0, gt=0, description="Idle runs expire after this many seconds.")
     max_events_per_run: int = Field(default=5_000, ge=1)
     max_events_per_request: int = Field(default=2_000, ge=1)
     max_batch_runs: int = Field(default=512, ge=1)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_event_bytes: int = Field(default=16 * 1024, ge=256, description="JSON bytes of one event.")
+    max_run_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=64 * 1024,
+        description="Bytes one live run may retain (events, decisions).",
+    )
+    max_store_bytes: int = Field(
+        default=1024 * 1024 * 1024,
+        ge=64 * 1024,
+        description="Bytes all live runs may retain; the least recently used are evicted above it.",
+    )
     epsilon: float = Field(default=0.0, ge=0, le=1, description="Exploration: P(model stop -> continue).")
     seed: int | None = Field(default=None, description="Seed of the exploration random stream.")
     lam: float | None = Field(default=None, ge=0, description="Default cost weight; unset: the model's.")
@@ -72,6 +90,33 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: Any) -> Any:
         # STOPSERVE_LOG_DIR= (empty) means "no log", not the current folder
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("safety")
+    @classmethod
+    def _safety_is_valid(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # checked here, so a bad STOPSERVE_SAFETY is one line at start-up, not a lifespan traceback
+        if value is not None:
+            from stopserve.safety import SafetyConfig
+
+            try:
+                SafetyConfig.from_dict(value)
+            except ConfigError as exc:
+                raise ValueError("; ".join(str(i) for i in exc.issues) or exc.message) from None
+        return value
+
+    @model_validator(mode="after")
+    def _retention_holds_a_file(self) -> Settings:
+        if self.log_retain_bytes < self.log_max_bytes:
+            raise ValueError(
+                f"log_retain_bytes ({self.log_retain_bytes}) must be at least log_max_bytes "
+                f"({self.log_max_bytes}): the current file alone may reach log_max_bytes"
+            )
+        if self.max_store_bytes < self.max_run_bytes:
+            raise ValueError(
+                f"max_store_bytes ({self.max_store_bytes}) must be at least "
+                f"max_run_bytes ({self.max_run_bytes})"
+            )
+        return self
 
     def resolved_model_dir(self) -> Path | None:
         """The model directory to load: the configured one, else the shipped default, else None."""
@@ -99,6 +144,10 @@ def load_settings(**overrides: Any) -> Settings:
     given = {k: v for k, v in overrides.items() if v is not None}
     try:
         return Settings(**given)
+    except SettingsError as exc:  # a variable that is not valid JSON for a structured setting
+        raise ConfigError(
+            f"invalid settings: {exc}", [Issue(str(exc.__cause__ or exc), path="settings")]
+        ) from None
     except ValidationError as exc:
         issues = []
         for err in exc.errors():

@@ -145,3 +145,14 @@ def test_run_all_writes_results(workdir: Path, tmp_path: Path) -> None:
     assert "Command: `python bench/run_all.py --size tiny --only featurize" in text
     assert "## Featurizing" in text
     assert "cores" in text
+
+
+@pytest.mark.slow
+def test_reliability_smoke(workdir: Path) -> None:
+    doc = _run("bench_reliability.py", workdir)
+    data = doc["data"]
+    assert data["kill"]["lost"] == 0 and data["disk"]["lost"] == 0
+    assert data["kill"]["5xx"] == data["disk"]["5xx"] == 0
+    assert data["memory"]["live_runs"] == 200
+    for row in data["p99"].values():
+        assert row["requests"] > 0 and row["5xx"] == 0

@@ -210,9 +210,10 @@ def test_server_killed_mid_run_then_back(tmp_path: Path) -> None:
             with back:
                 d = client.decide("c-kill", step(rec, 4))
                 assert not d.degraded
-                assert d.events_accepted == 6  # the 4 events sent while it was away, and 2 new
+                # the new process does not hold the run (409 run_evicted): the client resent all of it
+                assert d.events_accepted == 10 and d.turn == 5
                 out = client.outcome("c-kill", {"team": 1.0})
-                assert out is not None and out.n_events == 6
+                assert out is not None and out.n_events == 10
     finally:
         srv.stop()
 
@@ -301,3 +302,42 @@ def test_delivered_outcome_is_not_spooled(server: LiveServer, tmp_path: Path) ->
         client.decide("c-nospool", step(EventRecorder(), 0))
         assert client.outcome("c-nospool", {"team": 1.0}) is not None
     assert not spool.exists()
+
+
+def test_an_evicted_run_is_resent_from_the_journal(tmp_path: Path) -> None:
+    """The service drops the run (409 run_evicted): the client resends every event it sent, once."""
+    rec = EventRecorder()
+    env = {"STOPSERVE_MAX_RUNS": "1"}
+    with (
+        LiveServer(log_dir=tmp_path / "logs", no_model=True, env=env) as srv,
+        StopClient(srv.url, timeout=5.0, safety={"max_turns": 5, "min_turns": 0}) as client,
+    ):
+        first = [client.decide("victim", step(rec, i)) for i in range(3)]
+        assert [d.turn for d in first] == [1, 2, 3]
+        other = httpx.post(srv.url + "/v1/runs/other/decide", json={})  # evicts the victim
+        assert other.status_code == 200
+        d = client.decide("victim", step(rec, 3))
+        assert (d.turn, d.degraded, d.events_accepted) == (4, False, 8)
+        d = client.decide("victim", step(rec, 4))
+        assert (d.turn, d.action, d.limit) == (5, "stop", "turns")
+        out = client.outcome("victim", {"team": 1.0})
+        assert out is not None and out.n_events == 10
+    (trace,) = [t for t in read_traces(tmp_path / "logs" / "traces.jsonl") if t.trace_id == "victim"]
+    assert len(trace.events) == 10
+
+
+def test_an_evicted_run_without_a_whole_journal_is_decided_locally(tmp_path: Path) -> None:
+    rec = EventRecorder()
+    env = {"STOPSERVE_MAX_RUNS": "1"}
+    with (
+        LiveServer(log_dir=tmp_path / "logs", no_model=True, env=env) as srv,
+        StopClient(srv.url, timeout=5.0, safety={"max_turns": 5, "min_turns": 0}) as client,
+    ):
+        client._core.max_journal = 3  # the journal cannot hold the whole run
+        for i in range(3):
+            client.decide("v2", step(rec, i))
+        httpx.post(srv.url + "/v1/runs/other/decide", json={})
+        d = client.decide("v2", step(rec, 3))
+        assert d.degraded and d.turn == 4  # the local state knows the real turn
+        d = client.decide("v2", step(rec, 4))
+        assert d.degraded and (d.turn, d.action) == (5, "stop")

@@ -487,3 +487,15 @@ def test_scale_free_subset_drops_absolute_sizes_and_topology() -> None:
     # the groups partition the features
     grouped = [n for names in FEATURE_GROUPS.values() for n in names]
     assert sorted(grouped) == sorted(FEATURE_NAMES) and len(grouped) == len(set(grouped))
+
+
+def test_reward_trend_features() -> None:
+    s = RunState()
+    assert math.isnan(feat(s, "reward_gain_recent")) and feat(s, "reward_improving_run") == 0
+    for i, v in enumerate([0.1, 0.2, 0.4, 0.5, 0.7]):
+        s.fold(ev(i, "reward", value=v))
+    # the latest 4: 0.2 .. 0.7 over 3 gaps
+    assert feat(s, "reward_gain_recent") == pytest.approx(0.5 / 3)
+    assert feat(s, "reward_improving_run") == 4
+    s.fold(ev(5, "reward", value=0.7))
+    assert feat(s, "reward_improving_run") == 0

@@ -198,10 +198,8 @@ def test_safety_only_policy_uses_the_default_nets() -> None:
     decisions = _walk(policy, trace)
     assert all(d.v_stop is None and d.action == "continue" for d in decisions)
     state = RunState()
+    assert policy.decide(state, proposed_stop=True).action == "continue"  # no decision point yet
     for ev in trace.events[:2]:
-        state.fold(ev)
-    assert policy.decide(state, proposed_stop=True).action == "continue"  # min_turns 2: not yet
-    for ev in trace.events[2:4]:
         state.fold(ev)
     d = policy.decide(state, proposed_stop=True)
     assert d.action == "stop" and d.reason == "information_complete" and d.to_dict()["finalize"] is True
@@ -280,3 +278,22 @@ def test_bad_manifests_are_refused(tmp_path: Path) -> None:
 def test_raw_batch_needs_a_model() -> None:
     with pytest.raises(ModelIntegrityError, match="learned model"):
         Policy.safety_only().raw_batch(np.zeros((1, len(FEATURE_NAMES))))
+
+
+def test_a_model_stop_names_the_pattern_the_run_was_repeating(learned: dict[str, Policy]) -> None:
+    from stopserve.trace import Event
+
+    base = learned["behavior"]
+    policy = Policy(
+        kind="model",
+        safety=DEFAULT_SAFETY,
+        manifest={**base.manifest, "rule": None, "margins": {"stop": 0.0, "continue": None}, "min_turns": 1},
+        boosters=base.boosters,
+    )
+    state = RunState()
+    for i in range(3):
+        state.fold(Event(id=f"a{i}", t=float(i), type="tool_use", agent="x", content_ref="same", usd=0.01))
+        state.fold(Event(id=f"r{i}", t=float(i), type="return", agent="x", content_ref="out"))
+    d = policy.decide(state, lam=1e6)  # cost weighs so much that the model stops at once
+    assert d.action == "stop" and d.reason == "no_progress" and d.safety_net is None
+    assert d.pattern == "repeated_action_observation"

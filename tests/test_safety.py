@@ -406,3 +406,14 @@ def test_every_loop_pattern_has_a_run_length_and_unknown_ones_are_refused() -> N
     assert {p: s.loop_run(p) for p in LOOP_PATTERNS} == dict.fromkeys(LOOP_PATTERNS, 0)
     with pytest.raises(KeyError):
         s.loop_run("stuck")
+
+
+def test_closest_names_the_pattern_in_progress_without_firing() -> None:
+    s = RunState()
+    assert LoopConfig().closest(s) is None
+    for i in range(2):
+        s.fold(ev(2 * i, "tool_use", content_ref="same"))
+        s.fold(ev(2 * i + 1, "return", content_ref="out"))
+    assert SafetyConfig().check(s) is None  # 2 of 4: no stop yet
+    assert LoopConfig().closest(s) == "repeated_action_observation"
+    assert LoopConfig(repeated_action_observation=0).closest(s) is None

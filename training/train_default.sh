@@ -64,6 +64,20 @@ data["sources"] = (
     f"two-agent); InterCode SQL and Bash, {ic_n} runs of the training tasks (4 models, 3 strategies); "
     f"{sim_n} simulated runs (stopserve simulate --run-to-cap --seed 10, six topologies)"
 )
+data["objective"] = (
+    "cost share 0.3 (a whole run costs 30% of what a success is worth), per run: lambda comes from each "
+    "run's own expected total cost, so a request's cost_share or lambda moves the trade-off"
+)
+data["good_for"] = (
+    "systems it has not seen: stopping stalled runs (repeated results, errors, wrong answers) earlier "
+    "than the loop detector, stopping when a quality reward says the work is good enough (base rule: a "
+    "reward threshold, overruled while the run still improves), leaving productive runs alone"
+)
+data["not_good_for"] = (
+    "your own system's costs and success rates: it reads no token, dollar or time sizes and no topology; "
+    "train your own with `stopserve train` on your traces (it ships only if it beats the heuristics "
+    "tuned on them). Runs with no reward signal (like the SWE runs) get little from it beyond the nets"
+)
 manifest["training_data"] = data
 save_model_dir(path, manifest, art.models)
 PY

@@ -10,13 +10,20 @@ call, so :class:`StopServeTermination` keeps the run's id and clock itself. The
 team resets its condition right after any stop: the next call starts a new run,
 and :meth:`StopServeTermination.outcome` still closes the one that just ended.
 
-Mapping to format-v1 events: ``TextMessage`` (and other chat messages) ->
-``communicate``; ``ToolCallRequestEvent`` -> one ``tool_use`` per call;
-``ToolCallExecutionEvent`` -> one ``return`` per result (``error`` from
-``is_error``); ``HandoffMessage`` -> ``delegate``; ``CodeGenerationEvent`` ->
-``tool_use``; ``CodeExecutionEvent`` -> ``return`` (``error`` when the exit code
-is not 0); ``models_usage`` -> ``tokens``. Other agent events (thoughts,
-streaming chunks, speaker selection) carry no action and are skipped.
+Mapping to format-v1 events: an agent's reply (``TextMessage`` and other chat
+messages) -> ``return``: the agent hands its turn back to the team, a decision
+point, so every reply is a turn; ``ToolCallRequestEvent`` -> one ``tool_use`` per
+call; ``ToolCallExecutionEvent`` -> one ``return`` per result (``error`` from
+``is_error``); ``HandoffMessage`` -> ``delegate``, then a ``return`` without content
+(the agent's turn ends with the handoff); ``CodeGenerationEvent`` -> ``tool_use``;
+``CodeExecutionEvent`` -> ``return`` (``error`` when the exit code is not 0);
+``models_usage`` -> ``tokens``. The task (a message from ``user``) and
+``StopMessage`` stay ``communicate``; so does the summary of a tool call
+(``ToolCallSummaryMessage``), without content: its results were the turn. Other
+agent events (thoughts, streaming chunks, speaker selection) carry no action and
+are skipped. ``replies_as_turns=False`` maps replies to ``communicate`` and
+handoffs to a bare ``delegate``: then only tool and code results are turns (the
+mapping of earlier stopserve releases).
 """
 
 from __future__ import annotations
@@ -28,7 +35,15 @@ from pydantic import BaseModel
 
 from stopserve.api import DecideResponse, OutcomeResponse
 from stopserve.client import DEFAULT_TIMEOUT, AsyncStopClient, content_ref
-from stopserve.integrations._common import RunClock, missing_extra, new_run_id, stop_of
+from stopserve.integrations._common import (
+    Outbox,
+    RunClock,
+    integration_client,
+    missing_extra,
+    new_run_id,
+    stop_of,
+    stop_text,
+)
 from stopserve.trace import Event, Stop, Topology
 
 try:
@@ -48,7 +63,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("stopserve.integrations.autogen", "autogen-agentchat", exc) from exc
 
-__all__ = ["StopServeTermination", "StopServeTerminationConfig", "events_from_messages"]
+__all__ = ["StopServeTermination", "StopServeTerminationConfig", "events_from_messages", "stop_text"]
 
 SOURCE = "StopServeTermination"
 
@@ -65,7 +80,7 @@ class StopServeTerminationConfig(BaseModel):
     task_id: str | None = None
     system: str = "autogen"
     run_prefix: str = "autogen-"
-    replies_as_turns: bool = False
+    replies_as_turns: bool = True
 
 
 def _tokens(message: BaseAgentEvent | BaseChatMessage) -> int | None:
@@ -76,12 +91,13 @@ def _tokens(message: BaseAgentEvent | BaseChatMessage) -> int | None:
 
 
 def events_from_messages(
-    messages: Sequence[BaseAgentEvent | BaseChatMessage], clock: RunClock, *, replies_as_turns: bool = False
+    messages: Sequence[BaseAgentEvent | BaseChatMessage], clock: RunClock, *, replies_as_turns: bool = True
 ) -> list[Event]:
     """Format-v1 events for AutoGen messages (ids derive from message ids: retries are idempotent).
 
-    ``replies_as_turns`` maps an agent's text reply to ``return`` (it hands its turn back
-    to the team) instead of ``communicate``, so text-only teams count turns too.
+    ``replies_as_turns`` (default) maps an agent's reply to ``return`` (it hands its turn
+    back to the team) and ends a handoff with one, so every agent turn is a decision
+    point; ``False`` maps replies to ``communicate`` (only tool and code results are turns).
     """
     out: list[dict[str, Any]] = []
     for message in messages:
@@ -124,6 +140,14 @@ def events_from_messages(
             items.append(
                 {"type": "delegate", "to": message.target, "content_ref": content_ref(message.content)}
             )
+            if replies_as_turns:
+                # the handoff ends the agent's turn; no content: a handoff's text is boilerplate,
+                # the same every time, and must not count as a repeated reply
+                items.append({"type": "return"})
+        elif isinstance(message, ToolCallSummaryMessage):
+            # the results it sums up were the turn (and its content); counting its text again
+            # would make different calls with the same output look like a repeated reply
+            items.append({"type": "communicate"})
         elif isinstance(message, BaseChatMessage):
             item: dict[str, Any] = {
                 "type": "communicate",
@@ -131,7 +155,7 @@ def events_from_messages(
             }
             if message.source == "user":
                 item["role"] = "human"
-            elif replies_as_turns and not isinstance(message, ToolCallSummaryMessage | StopMessage):
+            elif replies_as_turns and not isinstance(message, StopMessage):
                 item["type"] = "return"
             items.append(item)
         else:
@@ -144,21 +168,6 @@ def events_from_messages(
     return [Event.model_validate(e) for e in out]
 
 
-def stop_text(decision: DecideResponse) -> str:
-    """The human-readable stop reason AutoGen puts in ``TaskResult.stop_reason``."""
-    text = f"stopserve: stop ({decision.reason or 'unknown'})"
-    if decision.safety_net:
-        text += f", safety net {decision.safety_net}"
-        if decision.limit:
-            text += f" ({decision.limit})"
-        if decision.pattern:
-            text += f" ({decision.pattern})"
-    text += f", at turn {decision.turn}"
-    if decision.degraded:
-        text += " [degraded: service unavailable, decided locally]"
-    return text
-
-
 class StopServeTermination(TerminationCondition, Component[StopServeTerminationConfig]):
     """Terminate an AutoGen team when the stopserve service says stop.
 
@@ -167,9 +176,11 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
     When the service is unreachable the condition keeps working on local safety
     nets: it never raises into the team because its sidecar is down.
 
-    Turns are counted at decision points (tool and code results). In a text-only
-    team every message is ``communicate`` and no turn passes; ``replies_as_turns=True``
-    counts each agent reply as a turn (mapped to ``return``), so ``max_turns`` applies.
+    Every agent turn is a decision point: each reply is mapped to ``return`` (the agent
+    hands its turn back), each tool or code result too, so text-only teams are decided
+    on like tool-using ones (the loop detector's ``repeated_reply`` catches an agent
+    giving the same reply again and again). ``replies_as_turns=False`` counts only tool
+    and code results as turns, as earlier stopserve releases did.
     """
 
     component_config_schema = StopServeTerminationConfig
@@ -187,7 +198,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         task_id: str | None = None,
         system: str = "autogen",
         run_prefix: str = "autogen-",
-        replies_as_turns: bool = False,
+        replies_as_turns: bool = True,
     ) -> None:
         self._config = StopServeTerminationConfig(
             url=url,
@@ -201,18 +212,13 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
             run_prefix=run_prefix,
             replies_as_turns=replies_as_turns,
         )
-        self.client = AsyncStopClient(
-            url,
-            timeout=timeout,
-            budget=budget,
-            lam=lam,
-            safety=safety,
-            topology=topology,
-            raise_on_client_error=False,
+        self.client = integration_client(
+            AsyncStopClient, url, timeout=timeout, budget=budget, lam=lam, safety=safety, topology=topology
         )
         self._terminated = False
         self._run_id: str | None = None
         self._clock = RunClock()
+        self._outbox = Outbox()
         self.last_run_id: str | None = None
         self.last_decision: DecideResponse | None = None
 
@@ -232,11 +238,16 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         if self._run_id is None:
             self._run_id = new_run_id(self._config.run_prefix)
             self._clock = RunClock()
+            self._outbox = Outbox()
+            self.last_decision = None
         run_id = self._run_id
         self.last_run_id = run_id
         events = events_from_messages(messages, self._clock, replies_as_turns=self._config.replies_as_turns)
+        ready = self._outbox.ready(events)
+        if ready is None:
+            return None  # no decision point yet (the task alone): nothing to ask
         decision = await self.client.decide(
-            run_id, events, task_id=self._config.task_id, system=self._config.system
+            run_id, ready, task_id=self._config.task_id, system=self._config.system
         )
         self.last_decision = decision
         if decision.action != "stop":
@@ -261,9 +272,12 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         if target is None:
             return None
         d = self.last_decision
-        if stop is None and d is not None and d.action == "stop" and target == self.last_run_id:
-            stop = stop_of(d.reason, d.safety_net, d.limit)
-        return await self.client.outcome(target, rewards, stop=stop)
+        held: list[Event] = []
+        if target == self.last_run_id:
+            held = self._outbox.drain()  # events after its last decision point
+            if stop is None and d is not None and d.action == "stop":
+                stop = stop_of(d.reason, d.safety_net, d.limit)
+        return await self.client.outcome(target, rewards, stop=stop, events=held)
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""

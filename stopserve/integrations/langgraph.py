@@ -25,10 +25,24 @@ if the service and the local fail-safe both fail to stop the run.
 Which run a call belongs to: ``config["configurable"]["stopserve_run_id"]`` if
 set, else the ``thread_id``, else the id of the first message in the state.
 
-Mapping: ``AIMessage`` tool calls -> one ``tool_use`` per call, an ``AIMessage``
-without calls -> ``communicate``; ``ToolMessage`` -> ``return`` (``error`` when its
-status is ``error``); ``HumanMessage`` -> ``communicate`` (role ``human``);
-``usage_metadata`` -> ``tokens``. System messages are skipped.
+Mapping: ``AIMessage`` tool calls -> one ``tool_use`` per call; an ``AIMessage``
+without calls -> ``return``: the node that wrote it hands its turn back, a decision
+point, so a graph of agents that only talk is decided on turn by turn (and the loop
+detector's ``repeated_reply`` sees an agent repeating itself); ``ToolMessage`` ->
+``return`` (``error`` when its status is ``error``); ``HumanMessage`` and other
+messages -> ``communicate`` (role ``human`` for a human); ``usage_metadata`` ->
+``tokens``. System messages are skipped. ``replies_as_turns=False`` maps a reply
+without calls to ``communicate`` (only tool results are turns, as in earlier
+stopserve releases).
+
+The router asks the service only at a decision point, with the events up to the
+last one: in a ReAct graph it runs after the model already asked for the next tool,
+and that request waits for the next call (or the outcome), so every decision is
+made on the state right after a tool result or reply, as the model was trained. A
+stop at a reply that ends the graph anyway (``then`` routes to ``END``) routes to
+``END`` too: the model's own answer stays the graph's last message. A graph of
+agents that only talk routes with ``then`` (who speaks next) and puts the router on
+each agent node's edge.
 """
 
 from __future__ import annotations
@@ -41,7 +55,14 @@ from typing import Any
 
 from stopserve.api import DecideResponse, OutcomeResponse
 from stopserve.client import DEFAULT_TIMEOUT, StopClient, content_ref
-from stopserve.integrations._common import RunClock, missing_extra, stop_of
+from stopserve.integrations._common import (
+    Outbox,
+    RunClock,
+    integration_client,
+    missing_extra,
+    stop_of,
+    stop_text,
+)
 from stopserve.trace import Event, Stop, Topology
 
 try:
@@ -59,6 +80,7 @@ __all__ = ["StopServeRouter", "events_from_messages"]
 class _Track:
     clock: RunClock = field(default_factory=RunClock)
     seen: set[str] = field(default_factory=set)
+    outbox: Outbox = field(default_factory=Outbox)
     decision: DecideResponse | None = None
 
 
@@ -90,9 +112,13 @@ def _tokens(message: AIMessage) -> int | None:
 
 
 def events_from_messages(
-    messages: Sequence[Any], clock: RunClock, seen: set[str] | None = None
+    messages: Sequence[Any], clock: RunClock, seen: set[str] | None = None, *, replies_as_turns: bool = True
 ) -> list[Event]:
-    """Format-v1 events for the LangChain messages whose ids are not in ``seen`` (updated)."""
+    """Format-v1 events for the LangChain messages whose ids are not in ``seen`` (updated).
+
+    ``replies_as_turns`` (default) maps an ``AIMessage`` without tool calls to ``return``
+    (its node hands the turn back: a decision point), else to ``communicate``.
+    """
     seen = set() if seen is None else seen
     out: list[Event] = []
     for index, message in enumerate(messages):
@@ -120,7 +146,7 @@ def events_from_messages(
                 items.append(
                     {
                         "id": mid,
-                        "type": "communicate",
+                        "type": "return" if replies_as_turns else "communicate",
                         "agent": agent,
                         "content_ref": content_ref(message.content),
                     }
@@ -181,6 +207,7 @@ class StopServeRouter:
         system: str = "langgraph",
         run_prefix: str = "langgraph-",
         max_runs: int = 10_000,
+        replies_as_turns: bool = True,
         client: StopClient | None = None,
     ) -> None:
         self.then = then if then is not None else tools_condition
@@ -190,14 +217,9 @@ class StopServeRouter:
         self.system = system
         self.run_prefix = run_prefix
         self.max_runs = max_runs
-        self.client = client or StopClient(
-            url,
-            timeout=timeout,
-            budget=budget,
-            lam=lam,
-            safety=safety,
-            topology=topology,
-            raise_on_client_error=False,
+        self.replies_as_turns = replies_as_turns
+        self.client = client or integration_client(
+            StopClient, url, timeout=timeout, budget=budget, lam=lam, safety=safety, topology=topology
         )
         self._runs: OrderedDict[str, _Track] = OrderedDict()
         self._lock = threading.Lock()
@@ -229,12 +251,20 @@ class StopServeRouter:
         """Route: ``on_stop`` when stopserve says stop, else whatever ``then`` says."""
         run_id = self.run_id(state, config)
         track = self._track(run_id)
-        events = events_from_messages(_messages(state, self.messages_key), track.clock, track.seen)
-        decision = self.client.decide(run_id, events, task_id=self.task_id, system=self.system)
+        messages = _messages(state, self.messages_key)
+        turns = self.replies_as_turns
+        events = events_from_messages(messages, track.clock, track.seen, replies_as_turns=turns)
+        ready = track.outbox.ready(events)
+        if ready is None:
+            return self.then(state)  # no decision point yet (the task, a first model call)
+        decision = self.client.decide(run_id, ready, task_id=self.task_id, system=self.system)
         track.decision = decision
-        if decision.action == "stop":
-            return self.on_stop
-        return self.then(state)
+        if decision.action != "stop":
+            return self.then(state)
+        following = self.then(state)
+        if following == END:
+            return END  # the graph ends here anyway: keep its own last message
+        return self.on_stop
 
     def decision(self, state: Any = None, config: RunnableConfig | None = None) -> DecideResponse | None:
         """The latest decision for a run."""
@@ -245,11 +275,7 @@ class StopServeRouter:
         """A graph node that records why stopserve stopped the run, as an ``AIMessage``."""
         decision = self.decision(state, config)
         data = decision.model_dump() if decision is not None else {}
-        text = f"stopserve: stop ({data.get('reason') or 'unknown'})"
-        if data.get("safety_net"):
-            text += f", safety net {data['safety_net']}"
-        if data.get("degraded"):
-            text += " [degraded: service unavailable, decided locally]"
+        text = stop_text(decision) if decision is not None else "stopserve: stop (unknown)"
         message = AIMessage(content=text, name="stopserve", response_metadata={"stopserve": data})
         return {self.messages_key: [message]}
 
@@ -268,7 +294,8 @@ class StopServeRouter:
         d = track.decision if track is not None else None
         if stop is None and d is not None and d.action == "stop":
             stop = stop_of(d.reason, d.safety_net, d.limit)
-        return self.client.outcome(run_id, rewards, stop=stop)
+        held = track.outbox.drain() if track is not None else []  # after its last decision point
+        return self.client.outcome(run_id, rewards, stop=stop, events=held)
 
     def close(self) -> None:
         """Close the HTTP connection pool."""

@@ -8,7 +8,8 @@
     print(result.final_output)                  # on a stop: the reason, then the best answer so far
     await hooks.outcome({"team": 1.0})          # the service logs the whole trace
 
-How the run ends. The hooks ask the service on ``on_llm_end`` and ``on_tool_end``.
+How the run ends. The hooks ask the service at each decision point: a tool result
+(``on_tool_end``) and a model response that calls no tool (``on_llm_end``).
 Raising from a hook is not clean (the exception escapes ``Runner.run``) and
 running into ``max_turns`` raises ``MaxTurnsExceeded``. The SDK's own clean exit
 after tool calls is the agent's ``tool_use_behavior``: after every tool step it
@@ -27,44 +28,78 @@ The final output on a stop is ``final_output(decision, tool_results)`` when give
 (use it for typed ``output_type`` agents), else a text with the stop reason and
 the last tool output.
 
-Mapping: model function calls -> ``tool_use`` (handoff calls -> ``delegate``),
-model messages -> ``communicate``, tool results -> ``return``, handoffs ->
-``delegate``; ``usage.total_tokens`` -> ``tokens``.
+A handoff is no tool step, so ``tool_use_behavior`` cannot end the run there. Once
+the service said stop, the handoffs of the attached agents are disabled
+(``Handoff.is_enabled``): the agent the run was just handed to answers without
+handing off again, and that answer (or, if it calls a tool, the stop text after the
+tool step) ends the run. Text-only agents handing a task back and forth end this way.
+
+Mapping, one model response at a time (the SDK's turn): calls to local tools
+(function, computer, shell, custom, apply-patch) -> ``tool_use``, their results
+(``on_tool_end``) -> ``return``; handoff calls -> ``delegate`` (``to``: the agent
+handed to); a response that calls no local tool is the agent's whole turn and ends
+with a ``return``: its message text, or no content for a bare handoff (a handoff
+call's arguments are the same every time: they must not count as a repeated
+reply); the message of a response that also calls tools -> ``communicate`` (the
+results are the turn's decision points); ``usage.total_tokens`` -> ``tokens``. So
+every model response reaches a decision point, and the service is asked there
+only. ``replies_as_turns=False`` maps messages to ``communicate`` and handoffs to a
+bare ``delegate`` (only tool results are turns, as in earlier stopserve releases).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from stopserve.api import DecideResponse, OutcomeResponse
 from stopserve.client import DEFAULT_TIMEOUT, AsyncStopClient, content_ref
-from stopserve.integrations._common import RunClock, missing_extra, new_run_id, stop_of
+from stopserve.integrations._common import (
+    Outbox,
+    RunClock,
+    integration_client,
+    missing_extra,
+    new_run_id,
+    stop_of,
+    stop_text,
+)
 from stopserve.trace import Event, Stop, Topology
 
 try:
-    from agents import Agent, RunContextWrapper, RunHooks, Tool
+    from agents import Agent, Handoff, RunContextWrapper, RunHooks, Tool, handoff
     from agents.agent import ToolsToFinalOutputResult
     from agents.items import ModelResponse
     from agents.tool import FunctionToolResult
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("stopserve.integrations.openai_agents", "openai-agents", exc) from exc
 
-__all__ = ["StopServeHooks"]
+__all__ = ["StopServeHooks", "stop_text"]
 
 FinalOutput = Callable[[DecideResponse, list[FunctionToolResult]], Any]
 
+#: Response items that call a tool the SDK runs locally (``on_tool_end`` follows each).
+LOCAL_TOOL_CALLS: Final = frozenset(
+    {
+        "function_call",
+        "computer_call",
+        "local_shell_call",
+        "shell_call",
+        "custom_tool_call",
+        "apply_patch_call",
+    }
+)
 
-def stop_text(decision: DecideResponse) -> str:
-    """One line saying why stopserve stopped the run."""
-    text = f"stopserve: stop ({decision.reason or 'unknown'})"
-    if decision.safety_net:
-        text += f", safety net {decision.safety_net}"
-    text += f", at turn {decision.turn}"
-    if decision.degraded:
-        text += " [degraded: service unavailable, decided locally]"
-    return text
+
+def _call_ref(item: Any, kind: str) -> tuple[str, str]:
+    """The tool name and content ref of a local tool call item."""
+    if kind == "function_call":
+        name = str(getattr(item, "name", "tool"))
+        return name, content_ref([name, getattr(item, "arguments", "")])
+    name = str(getattr(item, "name", None) or kind.removesuffix("_call"))
+    dump = getattr(item, "model_dump", None)
+    payload = dump(mode="json", exclude={"id", "call_id", "status"}) if callable(dump) else str(item)
+    return name, content_ref(payload)
 
 
 def _default_final(decision: DecideResponse, results: list[FunctionToolResult]) -> str:
@@ -95,17 +130,13 @@ class StopServeHooks(RunHooks[Any]):
         system: str = "openai-agents",
         run_prefix: str = "agents-",
         run_id: str | None = None,
+        replies_as_turns: bool = True,
         client: AsyncStopClient | None = None,
     ) -> None:
-        self.client = client or AsyncStopClient(
-            url,
-            timeout=timeout,
-            budget=budget,
-            lam=lam,
-            safety=safety,
-            topology=topology,
-            raise_on_client_error=False,
+        self.client = client or integration_client(
+            AsyncStopClient, url, timeout=timeout, budget=budget, lam=lam, safety=safety, topology=topology
         )
+        self.replies_as_turns = replies_as_turns
         self.final_output = final_output or _default_final
         self.task_id = task_id
         self.system = system
@@ -113,6 +144,7 @@ class StopServeHooks(RunHooks[Any]):
         self._fixed_run_id = run_id
         self._run_id: str | None = None
         self._clock = RunClock()
+        self._outbox = Outbox()
         self._n = 0
         self.last_run_id: str | None = None
         self.last_decision: DecideResponse | None = None
@@ -129,8 +161,10 @@ class StopServeHooks(RunHooks[Any]):
         if self._run_id is None:
             self._run_id = self._fixed_run_id or new_run_id(self.run_prefix)
             self._clock = RunClock()
+            self._outbox = Outbox()
             self._n = 0
             self.stop_decision = None
+            self.last_decision = None
             self.last_run_id = self._run_id
         return self._run_id
 
@@ -138,9 +172,12 @@ class StopServeHooks(RunHooks[Any]):
         self._n += 1
         return Event.model_validate({"id": f"{self._current()}-{self._n}", "t": self._clock.now(), **fields})
 
-    async def _ask(self, events: list[Event]) -> DecideResponse:
+    async def _ask(self, events: list[Event]) -> DecideResponse | None:
         run_id = self._current()
-        decision = await self.client.decide(run_id, events, task_id=self.task_id, system=self.system)
+        ready = self._outbox.ready(events)
+        if ready is None:
+            return None  # tool calls only: the service is asked at their results
+        decision = await self.client.decide(run_id, ready, task_id=self.task_id, system=self.system)
         self.last_decision = decision
         if decision.action == "stop" and self.stop_decision is None:
             self.stop_decision = decision
@@ -154,30 +191,35 @@ class StopServeHooks(RunHooks[Any]):
     async def on_llm_end(
         self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse
     ) -> None:
-        handoff_names = {getattr(h, "tool_name", None) for h in getattr(agent, "handoffs", [])}
-        events: list[Event] = []
-        tokens = int(getattr(response.usage, "total_tokens", 0) or 0)
+        targets = _handoff_targets(agent)
+        items: list[dict[str, Any]] = []
+        calls_tools = False
         for item in response.output:
             kind = getattr(item, "type", None)
-            fields: dict[str, Any] = {"agent": agent.name}
-            if kind == "function_call":
-                name = getattr(item, "name", "tool")
-                args = getattr(item, "arguments", "")
-                if name in handoff_names:
-                    fields.update(type="delegate", to=name, content_ref=content_ref([name, args]))
-                else:
-                    fields.update(type="tool_use", tool=name, content_ref=content_ref([name, args]))
+            if kind == "function_call" and getattr(item, "name", None) in targets:
+                name, ref = _call_ref(item, kind)
+                items.append({"type": "delegate", "to": targets[name], "content_ref": ref})
+            elif kind in LOCAL_TOOL_CALLS:
+                name, ref = _call_ref(item, str(kind))
+                items.append({"type": "tool_use", "tool": name, "content_ref": ref})
+                calls_tools = True
             elif kind == "message":
                 texts = [getattr(c, "text", "") for c in getattr(item, "content", [])]
-                fields.update(type="communicate", content_ref=content_ref("".join(texts)))
+                items.append({"type": "communicate", "content_ref": content_ref("".join(texts))})
+            # reasoning and hosted tools (their results are in this response) carry no action
+        if self.replies_as_turns and not calls_tools:
+            # the response is the agent's whole turn: it hands the turn back (a decision point)
+            messages = [i for i in items if i["type"] == "communicate"]
+            if messages:
+                messages[-1]["type"] = "return"
             else:
-                continue  # reasoning and other items carry no action
-            if tokens and not events:
-                fields["tokens"] = tokens
-            events.append(self._event(**fields))
-        if not events and tokens:
-            events.append(self._event(type="communicate", agent=agent.name, tokens=tokens))
-        await self._ask(events)
+                items.append({"type": "return"})
+        tokens = int(getattr(response.usage, "total_tokens", 0) or 0)
+        if tokens and not items:
+            items.append({"type": "communicate"})
+        if tokens:
+            items[0]["tokens"] = tokens  # the model call's usage, counted once
+        await self._ask([self._event(agent=agent.name, **fields) for fields in items])
 
     async def on_tool_end(
         self, context: RunContextWrapper[Any], agent: Agent[Any], tool: Tool, result: object
@@ -218,9 +260,16 @@ class StopServeHooks(RunHooks[Any]):
         done[id(agent)] = clone
         handoffs: list[Any] = []
         for target in agent.handoffs:
-            handoffs.append(self._attach(target, done) if isinstance(target, Agent) else target)
+            if isinstance(target, Agent):
+                # disabled once stopped: the next agent answers instead of handing off again
+                handoffs.append(handoff(self._attach(target, done), is_enabled=self._handoffs_enabled))
+            else:
+                handoffs.append(target)
         clone.handoffs = handoffs
         return clone
+
+    def _handoffs_enabled(self, context: RunContextWrapper[Any], agent: Any) -> bool:
+        return self.stop_decision is None
 
     async def outcome(
         self, rewards: Mapping[str, float], *, run_id: str | None = None, stop: Stop | None = None
@@ -230,15 +279,29 @@ class StopServeHooks(RunHooks[Any]):
         if target is None:
             return None
         d = self.stop_decision
-        if stop is None and d is not None and target == self.last_run_id:
-            stop = stop_of(d.reason, d.safety_net, d.limit)
+        held: list[Event] = []
+        if target == self.last_run_id:
+            held = self._outbox.drain()  # events after its last decision point
+            if stop is None and d is not None:
+                stop = stop_of(d.reason, d.safety_net, d.limit)
         if target == self._run_id:
             self._run_id = None
-        return await self.client.outcome(target, rewards, stop=stop)
+        return await self.client.outcome(target, rewards, stop=stop, events=held)
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""
         await self.client.aclose()
+
+
+def _handoff_targets(agent: Any) -> dict[str, str]:
+    """Tool name -> agent name of each handoff an agent offers (``Agent`` or ``Handoff``)."""
+    out: dict[str, str] = {}
+    for target in getattr(agent, "handoffs", None) or ():
+        if isinstance(target, Agent):
+            out[Handoff.default_tool_name(target)] = target.name
+        elif isinstance(target, Handoff):
+            out[target.tool_name] = target.agent_name
+    return out
 
 
 async def _original_behavior(

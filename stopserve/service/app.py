@@ -10,6 +10,13 @@ a worker thread) and answers pre-serialised JSON; only the wait for the decision
 log is awaited. The same routes are declared (and documented) as ``async def`` on
 :class:`LeanRoute`, which serves what the fast path passes on. The other routes
 are plain ``def`` functions in the thread pool.
+
+Hostile bodies cost little: the body limit holds while the body streams in, and
+above :data:`SMALL_BODY` bytes the events (and batch runs) are counted as they
+arrive (``ijson``, C parser, chunk by chunk), so a body over the count limits is
+refused (413, connection closed) after the first few thousand events, before any
+validation; a large body under the limits is validated and folded in a worker
+thread, not on the event loop.
 """
 
 from __future__ import annotations
@@ -20,18 +27,21 @@ import contextlib
 import gc
 import hmac
 import logging
-import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
-from typing import Annotated, Any, TypeVar
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, TypeVar
 
+import ijson
 import orjson
-from fastapi import APIRouter, Body, Depends, FastAPI, Path, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stopserve import __version__
@@ -51,7 +61,7 @@ from stopserve.api import (
     RunInfo,
     StatelessDecideRequest,
 )
-from stopserve.errors import AuthError
+from stopserve.errors import AuthError, ConfigError, Issue, RunLimitError, StopServeError
 from stopserve.service.engine import Engine, LogUnavailableError, load_policy
 from stopserve.service.errors import error_response, install_error_handlers
 from stopserve.service.metrics import CONTENT_TYPE, Metrics
@@ -62,12 +72,14 @@ __all__ = ["LeanRoute", "create_app", "serve_command"]
 _log = logging.getLogger("stopserve.service")
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9._:@+-]{1,256}$"
+#: Bodies up to this size are validated inline on the event loop; larger ones in a worker thread.
+SMALL_BODY: Final = 16 * 1024
 
 RunId = Annotated[
     str,
     Path(
         pattern=RUN_ID_PATTERN,
-        description="The run's id (letters, digits, . _ : @ + -; at most 256); it becomes the trace_id.",
+        description="The run's id (letters, digits, . _ : @ + -; at most 256, no '/'); it is the trace_id.",
         examples=["run-42"],
     ),
 ]
@@ -164,8 +176,10 @@ class LeanRoute(APIRoute):
                 if errs:
                     errors.extend(errs)
                 kwargs[name] = value
-            raw = await request.body()
-            body = _parse_body(model, raw, request.scope, errors)
+            engine: Engine = request.app.state.engine
+            raw, body = await _read_and_parse(model, request.scope, request.receive, engine, errors)
+            if raw is None:
+                return Response(status_code=400)  # the client went away: nobody reads this
             if errors:
                 raise RequestValidationError(errors, body=raw)
             kwargs[body_name] = body
@@ -191,6 +205,119 @@ def _parse_body(model: type[_M], raw: bytes, scope: MutableMapping[str, Any], er
     except ValidationError as exc:
         errors.extend({**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False))
         return None
+
+
+class TooManyInBodyError(RunLimitError):
+    """A body over a count limit, found while it was read: 413, and the connection is closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class _CountLimit:
+    prefix: str  # ijson path of the counted objects, e.g. "runs.item.events.item"
+    limit: int
+    field: str
+    what: str
+
+
+def _count_limits(model: type[BaseModel], engine: Engine) -> tuple[_CountLimit, ...]:
+    s = engine.settings
+    events = "events per request; send them in several calls"
+    if model is BatchDecideRequest:
+        return (
+            _CountLimit("runs.item", s.max_batch_runs, "runs", "runs per batch"),
+            _CountLimit("runs.item.events.item", s.max_events_per_request, "runs", events),
+        )
+    if model in (DecideRequest, StatelessDecideRequest, OutcomeRequest):
+        return (_CountLimit("events.item", s.max_events_per_request, "events", events),)
+    return ()
+
+
+class _BodyCounter:
+    """Counts the objects at a few JSON paths of a body as its chunks arrive (ijson, C parser).
+
+    Raises :class:`TooManyInBodyError` as soon as a count passes its limit; stops counting
+    (and lets validation report) if the bytes are not JSON.
+    """
+
+    def __init__(self, limits: Sequence[_CountLimit]) -> None:
+        self.limits = limits
+        self.counts = [0] * len(limits)
+        self._tokens: Any = ijson.utils.sendable_list()
+        self._parser: Any = ijson.parse_coro(self._tokens)
+        self._broken = False
+
+    async def feed(self, chunk: bytes) -> None:
+        """Count ``chunk`` in small slices, letting other requests run between them."""
+        for at in range(0, len(chunk), _SLICE):
+            if self._broken:
+                return
+            try:
+                self._parser.send(chunk[at : at + _SLICE])
+            except ijson.JSONError:
+                self._broken = True  # not JSON: validation says where; count what came before
+            self._count()
+            await asyncio.sleep(0)
+
+    def _count(self) -> None:
+        tokens = self._tokens
+        for i, limit in enumerate(self.limits):
+            self.counts[i] += tokens.count((limit.prefix, "start_map", None))
+            if self.counts[i] > limit.limit:
+                what = limit.what.split(";")[0].split(" per ")[0]
+                raise TooManyInBodyError(
+                    f"too many {what} in one request: more than {limit.limit} "
+                    "(counted while reading; the rest was not read)",
+                    [Issue(f"at most {limit.limit} {limit.what}", path=limit.field)],
+                )
+        del tokens[:]
+
+
+#: Bytes counted in one go (about a millisecond of parsing); a large chunk is cut into slices.
+_SLICE: Final = 16 * 1024
+
+
+async def _read_and_parse(
+    model: type[_M],
+    scope: MutableMapping[str, Any],
+    receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+    engine: Engine,
+    errors: list[Any],
+) -> tuple[bytes | None, _M | None]:
+    """Read the body under its count limits, then validate it (in a worker thread when large).
+
+    ``(None, None)`` when the client went away. A non-JSON content type is refused
+    before the body is read.
+    """
+    if not _json_content(scope):
+        msg = "Expected a JSON body (Content-Type: application/json)"
+        errors.append({"type": "content_type", "loc": ("body",), "msg": msg, "input": None})
+        return b"", None
+    limits = _count_limits(model, engine)
+    chunks: list[bytes] = []
+    size = 0
+    counter: _BodyCounter | None = None
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None, None
+        chunk: bytes = message.get("body", b"")
+        if chunk:
+            chunks.append(chunk)
+            size += len(chunk)
+            if limits and size > SMALL_BODY:
+                # counted on the event loop, in slices with a yield between them: a worker
+                # thread would trade the GIL with the loop and slow small requests more
+                if counter is None:
+                    counter = _BodyCounter(limits)
+                    await counter.feed(b"".join(chunks))
+                else:
+                    await counter.feed(chunk)
+        if not message.get("more_body", False):
+            break
+    raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if len(raw) <= SMALL_BODY:
+        return raw, _parse_body(model, raw, scope, errors)
+    return raw, await engine.offload(_parse_body, model, raw, scope, errors)
 
 
 class _FastDecide:
@@ -241,24 +368,24 @@ class _FastDecide:
     ) -> None:
         app = scope["app"]
         try:
-            raw = await _read_body(receive)
-            if raw is None:
-                return  # the client went away: nobody to answer
             engine: Engine = app.state.engine
             errors: list[Any] = []
             data: Any
+            raw: bytes | None
             if kind == "run":
-                body = _parse_body(DecideRequest, raw, scope, errors)
+                raw, body = await _read_and_parse(DecideRequest, scope, receive, engine, errors)
                 if body is not None:
                     data = await engine.decide_async(run_id, body)
             elif kind == "stateless":
-                stateless = _parse_body(StatelessDecideRequest, raw, scope, errors)
+                raw, stateless = await _read_and_parse(StatelessDecideRequest, scope, receive, engine, errors)
                 if stateless is not None:
                     data = await engine.decide_stateless_async(stateless)
             else:
-                batch = _parse_body(BatchDecideRequest, raw, scope, errors)
+                raw, batch = await _read_and_parse(BatchDecideRequest, scope, receive, engine, errors)
                 if batch is not None:
                     data = await engine.decide_batch_async(batch)
+            if raw is None:
+                return  # the client went away: nobody to answer
             if errors:
                 raise RequestValidationError(errors, body=raw)
             payload = orjson.dumps(data)
@@ -283,18 +410,6 @@ class _FastDecide:
 
 
 _RUN_ID = re.compile(RUN_ID_PATTERN)
-
-
-async def _read_body(receive: Callable[[], Awaitable[MutableMapping[str, Any]]]) -> bytes | None:
-    """The whole request body; None if the client disconnected first."""
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _handler_for(app: Any, exc: Exception) -> Callable[[Request, Exception], Awaitable[Response]] | None:
@@ -373,6 +488,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return error_response(503, "log_unavailable", str(exc))
 
     app.add_exception_handler(LogUnavailableError, log_unavailable)
+    generic = app.exception_handlers[StopServeError]
+
+    async def too_many(request: Request, exc: Exception) -> Response:
+        # the rest of the body was not read: close the connection rather than drain it
+        response = generic(request, exc)
+        if not isinstance(response, Response):
+            response = await response
+        response.headers["connection"] = "close"
+        return response
+
+    app.add_exception_handler(TooManyInBodyError, too_many)
     app.add_middleware(_FastDecide)  # first added: innermost, inside CORS and the body limit
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
@@ -385,7 +511,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     hot = APIRouter(route_class=LeanRoute)
 
     @hot.post(
-        "/v1/runs/{run_id}/decide",
+        "/v1/runs/{run_id:path}/decide",
         response_model=DecideResponse,
         responses=_ERRORS,
         tags=["decide"],
@@ -417,25 +543,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """Answers come in request order; a run's own error is reported in its slot."""
         return _json(await _engine(request).decide_batch_async(body))
 
-    app.include_router(hot)
-
-    @app.post(
-        "/v1/runs/{run_id}/outcome",
+    @hot.post(
+        "/v1/runs/{run_id:path}/outcome",
         response_model=OutcomeResponse,
         responses=_ERRORS,
         tags=["runs"],
         summary="Post the final rewards: closes the run and logs its trace",
     )
-    def outcome(run_id: RunId, body: OutcomeRequest, engine: EngineDep) -> OutcomeResponse:
+    async def outcome(request: Request, run_id: RunId, body: OutcomeRequest) -> Response:
         """The complete trace (events, decisions, outcome) goes to ``traces.jsonl``, format v1."""
-        return engine.outcome(run_id, body)
+        done = await run_in_threadpool(_engine(request).outcome, run_id, body)
+        return _json(done.model_dump(mode="json"))
 
-    @app.get("/v1/runs/{run_id}", response_model=RunInfo, responses=_ERRORS, tags=["runs"])
+    app.include_router(hot)
+
+    @app.get("/v1/runs/{run_id:path}", response_model=RunInfo, responses=_ERRORS, tags=["runs"])
     def get_run(run_id: RunId, engine: EngineDep) -> RunInfo:
         """State and current features of a live run (for debugging)."""
         return engine.run_info(run_id)
 
-    @app.delete("/v1/runs/{run_id}", status_code=204, responses=_ERRORS, tags=["runs"])
+    @app.delete("/v1/runs/{run_id:path}", status_code=204, responses=_ERRORS, tags=["runs"])
     def delete_run(run_id: RunId, engine: EngineDep) -> Response:
         """Forget a live run without logging its trace."""
         engine.delete(run_id)
@@ -446,15 +573,33 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """The model served: kind, version, manifest and model card."""
         return engine.model_info()
 
-    @app.post("/v1/admin/reload", response_model=ReloadResponse, responses=_ERRORS, tags=["admin"])
-    def reload(
-        engine: EngineDep,
+    reload_body = {"content": {"application/json": {"schema": ReloadRequest.model_json_schema()}}}
+
+    @app.post(
+        "/v1/admin/reload",
+        response_model=ReloadResponse,
+        responses=_ERRORS,
+        tags=["admin"],
+        openapi_extra={"requestBody": {"required": False, **reload_body}},
+    )
+    async def reload(
+        request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-        body: Annotated[ReloadRequest | None, Body()] = None,
     ) -> ReloadResponse:
-        """Load a model and swap it in atomically; a model failing its checks is refused."""
+        """Load a model and swap it in atomically; a model failing its checks is refused.
+
+        The token is checked before the body is read: without it, nothing is parsed.
+        """
         _authorize(settings, credentials)
-        return engine.reload(body.model_dir if body is not None else None)
+        raw = await request.body()
+        body: ReloadRequest | None = None
+        if raw.strip():
+            errors: list[Any] = []
+            body = _parse_body(ReloadRequest, raw, request.scope, errors)
+            if errors:
+                raise RequestValidationError(errors, body=raw)
+        engine = _engine(request)
+        return await run_in_threadpool(engine.reload, body.model_dir if body is not None else None)
 
     @app.get("/healthz", response_model=HealthResponse, tags=["health"])
     def healthz() -> HealthResponse:
@@ -472,7 +617,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/metrics", tags=["health"], response_class=Response)
     def metrics(engine: EngineDep) -> Response:
         """Prometheus metrics."""
-        engine.metrics.live_runs.set(len(engine.store))
+        engine.update_gauges()
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
     return app
@@ -485,11 +630,6 @@ def _authorize(settings: Settings, credentials: HTTPAuthorizationCredentials | N
     given = credentials.credentials if credentials is not None else ""
     if not hmac.compare_digest(given.encode("utf-8"), token.encode("utf-8")):
         raise AuthError("missing or wrong bearer token")
-
-
-def _app_from_env() -> FastAPI:
-    """App factory for ``--workers N`` (each worker reads the STOPSERVE_ environment)."""
-    return create_app(load_settings())
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -506,6 +646,14 @@ def serve_command(args: argparse.Namespace) -> int:
     if getattr(args, "no_model", False):
         overrides["no_model"] = True
     settings = load_settings(**overrides)
+    if settings.workers > 1:
+        where = "--workers" if overrides["workers"] is not None else "STOPSERVE_WORKERS"
+        raise ConfigError(
+            f"{where} {settings.workers}: refused: a run's state (turn count, safety nets, events) lives in "
+            "one process, and workers would each see part of a run's calls. Run one worker; for more "
+            "capacity run several independent sidecars, each owning its own runs (send every call of a "
+            "run to the same one). A shared run store, which would allow several workers, is planned."
+        )
     path = settings.resolved_model_dir()
     # check the model now, so a bad one is a one-line CLI error rather than a worker traceback
     if path is not None:
@@ -522,29 +670,14 @@ def serve_command(args: argparse.Namespace) -> int:
         f"on http://{settings.host}:{settings.port}",
         flush=True,
     )
-    if settings.workers > 1:
-        # each worker builds its own app from the environment: pass the overrides on through it
-        for key, value in overrides.items():
-            if value is not None:
-                os.environ[f"STOPSERVE_{key.upper()}"] = str(value)
-        _log.warning(
-            "%d workers: each keeps its own runs; route a run's calls to one worker", settings.workers
-        )
-        uvicorn.run(
-            "stopserve.service.app:_app_from_env",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            log_level=settings.log_level,
-            access_log=settings.access_log,
-        )
-    else:
-        uvicorn.run(
-            create_app(settings),
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            access_log=settings.access_log,
-        )
+    # a worker thread validating a large body hands the GIL back to the event loop within 1 ms
+    # (the default 5 ms would be the p99 of every small request meanwhile)
+    sys.setswitchinterval(0.001)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+    )
     return 0

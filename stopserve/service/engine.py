@@ -21,20 +21,26 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, TypeVar
 
+import anyio
+import anyio.to_thread
 import orjson
 
 from stopserve.api import (
+    MAX_ID_CHARS,
+    MAX_INT,
+    MAX_NUMBER,
     BatchDecideRequest,
     BatchDecideResponse,
     BatchResult,
     DecideRequest,
     DecideResponse,
     ErrorDetail,
+    ErrorIssue,
     ModelInfo,
     OutcomeRequest,
     OutcomeResponse,
@@ -43,6 +49,7 @@ from stopserve.api import (
     RunInfo,
     StatelessDecideRequest,
 )
+from stopserve.artifacts import ModelArtifact, load_model_dir
 from stopserve.errors import (
     ConfigError,
     Issue,
@@ -50,6 +57,7 @@ from stopserve.errors import (
     ModelIntegrityError,
     ModelNotFoundError,
     RunClosedError,
+    RunEvictedError,
     RunLimitError,
     RunNotFoundError,
     StopServeError,
@@ -60,7 +68,14 @@ from stopserve.policy import Policy, StopDecision
 from stopserve.safety import SafetyConfig
 from stopserve.service.log import DecisionLog
 from stopserve.service.metrics import Metrics
-from stopserve.service.store import EvictionCause, MemoryRunStore, Run
+from stopserve.service.store import (
+    Evicted,
+    EvictionCause,
+    MemoryRunStore,
+    Run,
+    decision_bytes,
+    event_bytes,
+)
 from stopserve.settings import Settings
 from stopserve.trace import Event, Stop, check_trace
 
@@ -71,6 +86,15 @@ _log = logging.getLogger("stopserve.service")
 _MAX_CARD_BYTES = 64 * 1024
 _SAFETY_CACHE = 64
 _NO_DECISION = {"decision"}
+#: A decide call folding more events than this runs off the event loop (in a worker thread).
+INLINE_EVENTS: Final = 64
+#: Room kept in a run's byte cap for the decision a call adds (its JSON text is a few hundred bytes).
+_DECISION_RESERVE: Final = 1024
+#: Bounds of a safety config sent in a request (beyond them: 422 naming the field).
+_SAFETY_DEPTH: Final = 8
+_SAFETY_ITEMS: Final = 64
+
+_T = TypeVar("_T")
 
 
 class LogUnavailableError(Exception):
@@ -94,8 +118,14 @@ class Engine:
         self.settings = settings
         self.metrics = metrics
         self.store = MemoryRunStore(
-            max_runs=settings.max_runs, ttl_s=settings.run_ttl_s, on_evict=self._evicted
+            max_runs=settings.max_runs,
+            ttl_s=settings.run_ttl_s,
+            max_bytes=settings.max_store_bytes,
+            on_evict=self._evicted,
         )
+        # large requests are validated and folded in a worker thread, one at a time: the GIL
+        # is shared anyway, and the event loop keeps the rest for the small requests
+        self.heavy = anyio.CapacityLimiter(1)
         self.log: DecisionLog | None = None
         self.log_ok = True
         self._serving: Serving | None = None
@@ -105,6 +135,10 @@ class Engine:
         self._rng = random.Random(settings.seed)
         self._default_safety = self._parse_safety(settings.safety, "STOPSERVE_SAFETY")
         self._safety_cache: OrderedDict[bytes, SafetyConfig] = OrderedDict()
+        # a large request decides in a worker thread while the event loop decides the others:
+        # the policy's single-row predictor shares one output buffer, so decisions take turns
+        self._policy_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -113,7 +147,11 @@ class Engine:
         s = self.settings
         if s.log_dir is not None and str(s.log_dir):
             self.log = DecisionLog(
-                s.log_dir, fsync=s.fsync, fsync_interval_s=s.fsync_interval_s, max_bytes=s.log_max_bytes
+                s.log_dir,
+                fsync=s.fsync,
+                fsync_interval_s=s.fsync_interval_s,
+                max_bytes=s.log_max_bytes,
+                retain_bytes=s.log_retain_bytes,
             )
         path = self.settings.resolved_model_dir()
         self._serving = self._load(path)
@@ -124,13 +162,22 @@ class Engine:
     def tick(self) -> None:
         """Periodic work: expire idle runs, fsync the logs on the interval."""
         self.store.sweep()
-        self.metrics.live_runs.set(len(self.store))
+        self.update_gauges()
         if self.log is not None:
             try:
                 self.log.sync()
             except OSError as exc:
                 self.log_ok = False
                 _log.error("log sync failed: %s", exc)
+
+    def update_gauges(self) -> None:
+        """Live runs and the bytes they hold, for /metrics."""
+        self.metrics.live_runs.set(len(self.store))
+        self.metrics.store_bytes.set(self.store.nbytes)
+
+    async def offload(self, func: Callable[..., _T], *args: Any) -> _T:
+        """Run CPU-heavy work (a large body, many events) in a worker thread, one at a time."""
+        return await anyio.to_thread.run_sync(func, *args, limiter=self.heavy)
 
     def close(self) -> None:
         """Flush and close the logs."""
@@ -151,12 +198,14 @@ class Engine:
             return Serving(policy, None, time.time(), None)
         if not path.exists():
             raise ModelNotFoundError(f"{path}: no such model directory")
-        policy = load_policy(path)
+        artifact = load_artifact(path)
+        policy = policy_from(artifact)
         names = policy.manifest.get("feature_names")
         if names is not None and list(names) != list(FEATURE_NAMES):
             raise ModelIntegrityError(f"{path}/manifest.json: feature_names differ from this featurizer's")
-        card = path / "MODEL_CARD.md"
-        text = card.read_bytes()[:_MAX_CARD_BYTES].decode("utf-8", "replace") if card.is_file() else None
+        # only the card the manifest lists and hashes, read once with the other files
+        card = artifact.card
+        text = card[:_MAX_CARD_BYTES] if card is not None else None
         return Serving(policy, path, time.time(), text)
 
     def reload(self, model_dir: str | None) -> ReloadResponse:
@@ -198,6 +247,7 @@ class Engine:
             if record is not None:
                 self._write_decision(record)
                 run.last_response = answer
+        self.update_gauges()
         if decision is not None:
             self._observe(decision, start)
         return DecideResponse.model_validate(answer)
@@ -206,14 +256,19 @@ class Engine:
         """:meth:`decide` on the event loop; the answer as a plain dict (DecideResponse fields).
 
         Only the wait for the decision log is awaited, and the answer comes after it:
-        every answered decision is in the log (durable under ``fsync="always"``).
+        every answered decision is in the log (durable under ``fsync="always"``). A call
+        folding more than :data:`INLINE_EVENTS` events is folded in a worker thread, so
+        one large request does not hold up the others.
         """
         start = time.perf_counter()
         self._check_request(req.events)
         run = self._get_or_create(run_id, req)
         async with run.alock:
-            with run.lock:
-                answer, record, decision = self._decide_locked(run, run_id, req)
+            if len(req.events) > INLINE_EVENTS:
+                answer, record, decision = await self.offload(self._decide_with_lock, run, run_id, req)
+            else:
+                with run.lock:
+                    answer, record, decision = self._decide_locked(run, run_id, req)
             if record is not None:
                 await self._commit(record)
                 run.last_response = answer
@@ -221,17 +276,29 @@ class Engine:
             self._observe(decision, start)
         return answer
 
+    def _decide_with_lock(
+        self, run: Run, run_id: str, req: DecideRequest
+    ) -> tuple[dict[str, Any], dict[str, Any] | None, StopDecision | None]:
+        with run.lock:
+            return self._decide_locked(run, run_id, req)
+
     def _decide_locked(
         self, run: Run, run_id: str, req: DecideRequest
     ) -> tuple[dict[str, Any], dict[str, Any] | None, StopDecision | None]:
-        """Under the run's lock: fold and decide; the answer, and the log record (None on a retry)."""
+        """Under the run's lock: fold and decide; the answer, and the log record (None on a retry).
+
+        All or nothing: every check (time order, safety config, byte caps) comes before
+        the first event is folded.
+        """
         if run_id in self._closed:
             raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted")
-        new, ignored = self._accept(run, req.events)
+        new, ignored = self._new_events(run, req.events)
         retry = req.events and not new and req.proposed_stop == run.last_proposed
         if retry and run.last_response is not None:
             # a retry of a call already answered: the same answer, nothing logged twice
             return dict(run.last_response, events_accepted=0, events_ignored=ignored), None, None
+        safety = self._safety(req.safety) if req.safety is not None else None
+        nbytes = self._fold(run, new, reserve=_DECISION_RESERVE)
         if req.budget is not None:
             run.budget = req.budget
             run.state.set_budget(req.budget)
@@ -239,8 +306,8 @@ class Engine:
             run.lam, run.cost_share = req.lam, None
         if req.cost_share is not None:
             run.lam, run.cost_share = None, req.cost_share
-        if req.safety is not None:
-            run.safety = self._safety(req.safety)
+        if safety is not None:
+            run.safety = safety
         policy = self.serving.policy
         decision = self._decide(policy, run.state, run.lam, run.cost_share, run.safety, req.proposed_stop)
         fields = _decision_fields(decision)
@@ -260,7 +327,14 @@ class Engine:
         if run.events:
             # JSON text, not a dict: a str is not tracked by the garbage collector, so
             # thousands of live runs do not lengthen its full collections (p99)
-            run.decisions[len(run.events) - 1] = orjson.dumps(_trace_decision(decision)).decode()
+            text = orjson.dumps(_trace_decision(decision)).decode()
+            at = len(run.events) - 1
+            if at in run.decisions:  # decided again with no new event: keep both, in order
+                run.later.setdefault(at, []).append(text)
+            else:
+                run.decisions[at] = text
+            nbytes += decision_bytes(text)
+        self.store.charge(run, nbytes)
         run.n_decisions += 1
         run.last_proposed = req.proposed_stop
         run.last_response = None  # until the line is written: a retry meanwhile decides again
@@ -275,9 +349,12 @@ class Engine:
         return DecideResponse.model_validate(answer)
 
     async def decide_stateless_async(self, req: StatelessDecideRequest) -> dict[str, Any]:
-        """:meth:`decide_stateless` on the event loop; the answer as a plain dict."""
+        """:meth:`decide_stateless` on the event loop (a long prefix in a worker thread); a plain dict."""
         start = time.perf_counter()
-        answer, record, decision = self._stateless(req)
+        if len(req.events) > INLINE_EVENTS:
+            answer, record, decision = await self.offload(self._stateless, req)
+        else:
+            answer, record, decision = self._stateless(req)
         await self._commit(record)
         self._observe(decision, start)
         return answer
@@ -324,6 +401,11 @@ class Engine:
                 results.append(BatchResult(run_id=item.run_id, decision=self.decide(item.run_id, item)))
             except StopServeError as exc:
                 results.append(BatchResult(run_id=item.run_id, error=_slot_error(error_detail(exc), i)))
+            except LogUnavailableError as exc:
+                results.append(BatchResult(run_id=item.run_id, error=_unavailable_slot_error(exc, i)))
+            except Exception:  # a bug on one run must not lose the others' answers
+                _log.exception("batch item %d (run %r) failed", i, item.run_id)
+                results.append(BatchResult(run_id=item.run_id, error=_internal_slot_error(i)))
         return BatchDecideResponse(results=results)
 
     async def decide_batch_async(self, req: BatchDecideRequest) -> dict[str, Any]:
@@ -341,6 +423,13 @@ class Engine:
                 return {"run_id": item.run_id, "decision": decision, "error": None}
             except StopServeError as exc:
                 detail = _slot_error(error_detail(exc), i)
+                return {"run_id": item.run_id, "decision": None, "error": detail.model_dump(mode="json")}
+            except LogUnavailableError as exc:
+                detail = _unavailable_slot_error(exc, i)
+                return {"run_id": item.run_id, "decision": None, "error": detail.model_dump(mode="json")}
+            except Exception:  # a bug on one run must not lose the others' answers
+                _log.exception("batch item %d (run %r) failed", i, item.run_id)
+                detail = _internal_slot_error(i)
                 return {"run_id": item.run_id, "decision": None, "error": detail.model_dump(mode="json")}
 
         results = await asyncio.gather(*(one(i, item) for i, item in enumerate(req.runs)))
@@ -370,15 +459,16 @@ class Engine:
     ) -> StopDecision:
         if lam is None and cost_share is None:
             lam, cost_share = self.settings.lam, self.settings.cost_share
-        return policy.decide(
-            state,
-            lam=lam,
-            cost_share=cost_share,
-            safety=safety if safety is not None else self._default_safety,
-            proposed_stop=proposed_stop,
-            epsilon=self.settings.epsilon,
-            rng=self._rng,
-        )
+        with self._policy_lock:
+            return policy.decide(
+                state,
+                lam=lam,
+                cost_share=cost_share,
+                safety=safety if safety is not None else self._default_safety,
+                proposed_stop=proposed_stop,
+                epsilon=self.settings.epsilon,
+                rng=self._rng,
+            )
 
     def _observe(self, decision: StopDecision, start: float) -> None:
         self.metrics.latency.observe(time.perf_counter() - start)
@@ -425,35 +515,46 @@ class Engine:
         return RunState(topology=topology, budget=req.budget)
 
     def _get_or_create(self, run_id: str, req: DecideRequest) -> Run:
+        """The live run; a new one only when the service never held it or the caller resends it whole.
+
+        A run the store dropped (or one the caller says had events delivered before,
+        ``prior_events > 0``, that this process does not hold) is refused with
+        :class:`RunEvictedError`: starting it over would reset its turn count and its
+        safety nets. ``prior_events: 0`` says the events sent are the whole run.
+        """
         if run_id in self._closed:
             raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted; use a new run id")
-        run = self.store.get(run_id)
-        if run is not None:
-            return run
+        found = self.store.get(run_id)
+        if isinstance(found, Run):
+            return found
         with self._create_lock:
-            run = self.store.get(run_id)
-            if run is None:
-                now = self.store.now()
-                run = Run(
-                    run_id=run_id,
-                    task_id=req.task_id or run_id,
-                    state=self._new_state(req.topology, req),
-                    created_at=now,
-                    last_seen_at=now,
-                    topology=req.topology,
-                    system=req.system,
-                    budget=req.budget,
-                    lam=req.lam,
-                    cost_share=req.cost_share,
-                    safety=self._safety(req.safety) if req.safety is not None else None,
-                )
-                self.store.add(run)
-                self.metrics.live_runs.set(len(self.store))
+            found = self.store.get(run_id)
+            if isinstance(found, Run):
+                return found
+            if req.prior_events != 0 and (found is not None or req.prior_events is not None):
+                raise _evicted_error(run_id, found, req.prior_events)
+            safety = self._safety(req.safety) if req.safety is not None else None
+            now = self.store.now()
+            run = Run(
+                run_id=run_id,
+                task_id=req.task_id or run_id,
+                state=self._new_state(req.topology, req),
+                created_at=now,
+                last_seen_at=now,
+                topology=req.topology,
+                system=req.system,
+                budget=req.budget,
+                lam=req.lam,
+                cost_share=req.cost_share,
+                safety=safety,
+            )
+            self.store.add(run)
+            self.update_gauges()
         return run
 
-    def _accept(self, run: Run, events: Sequence[Event]) -> tuple[list[Event], int]:
-        """Fold the events not seen before; all-or-nothing on a bad one."""
-        new: list[Event] = []
+    def _new_events(self, run: Run, events: Sequence[Event]) -> tuple[list[tuple[int, Event]], int]:
+        """The events not seen before, with their index in the request; time order checked."""
+        new: list[tuple[int, Event]] = []
         batch_ids: set[str] = set()
         last_t = run.last_t if run.events else None
         for i, event in enumerate(events):
@@ -466,32 +567,67 @@ class Engine:
                 )
             last_t = event.t
             batch_ids.add(event.id)
-            new.append(event)
-        limit = self.settings.max_events_per_run
-        if len(run.events) + len(new) > limit:
+            new.append((i, event))
+        return new, len(events) - len(new)
+
+    def _fold(self, run: Run, new: list[tuple[int, Event]], *, reserve: int = 0) -> int:
+        """Fold ``new`` into the run after checking every cap; the run's bytes after it.
+
+        All or nothing: the counts and bytes are checked before the first event is folded.
+        ``reserve`` keeps room in the byte cap for what the call adds next (its decision).
+        """
+        s = self.settings
+        if len(run.events) + len(new) > s.max_events_per_run:
             raise RunLimitError(
-                f"run {run.run_id!r} would exceed {limit} events",
-                [Issue(f"at most {limit} events per run (STOPSERVE_MAX_EVENTS_PER_RUN)", path="events")],
+                f"run {run.run_id!r} would exceed {s.max_events_per_run} events",
+                [
+                    Issue(
+                        f"at most {s.max_events_per_run} events per run (STOPSERVE_MAX_EVENTS_PER_RUN)",
+                        path="events",
+                    )
+                ],
             )
-        run.state.fold_many(new)
-        for event in new:
+        texts: list[str] = []
+        nbytes = run.nbytes
+        for i, event in new:
             # compact JSON text (a str: small); the service writes its own decisions
-            run.events.append(event.model_dump_json(by_alias=True, exclude_none=True, exclude=_NO_DECISION))
+            text = event.model_dump_json(by_alias=True, exclude_none=True, exclude=_NO_DECISION)
+            size = len(text.encode())
+            if size > s.max_event_bytes:
+                raise RunLimitError(
+                    f"run {run.run_id!r}: an event of {size} bytes exceeds {s.max_event_bytes} bytes",
+                    [
+                        Issue(
+                            f"at most {s.max_event_bytes} bytes per event (STOPSERVE_MAX_EVENT_BYTES)",
+                            path=f"events[{i}]",
+                        )
+                    ],
+                )
+            texts.append(text)
+            nbytes += event_bytes(text, event.id, event.agent, event.content_ref)
+        if nbytes + reserve > s.max_run_bytes:
+            raise RunLimitError(
+                f"run {run.run_id!r} would hold {nbytes + reserve} bytes, above its {s.max_run_bytes} bytes; "
+                "close it (outcome) and start a new run",
+                [Issue(f"at most {s.max_run_bytes} bytes per run (STOPSERVE_MAX_RUN_BYTES)", path="events")],
+            )
+        run.state.fold_many(event for _, event in new)
+        for (_, event), text in zip(new, texts, strict=True):
+            run.events.append(text)
             run.event_ids.add(event.id)
             run.last_t = event.t
             run.last_event_id = event.id
-        return new, len(events) - len(new)
+        return nbytes
 
     def _lookup(self, run_id: str) -> Run:
         if run_id in self._closed:
             raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted")
-        run = self.store.get(run_id)
-        if run is None:
-            raise RunNotFoundError(
-                f"no live run {run_id!r}: never created, deleted, "
-                "or dropped by the run store (LRU or idle TTL)"
-            )
-        return run
+        found = self.store.get(run_id)
+        if isinstance(found, Evicted):
+            raise _evicted_error(run_id, found, None)
+        if found is None:
+            raise RunNotFoundError(f"no live run {run_id!r}: never created, or deleted")
+        return found
 
     def outcome(self, run_id: str, req: OutcomeRequest) -> OutcomeResponse:
         """Close the run and append its whole trace (format v1) to the trace log."""
@@ -500,7 +636,8 @@ class Engine:
         with run.lock:
             if run_id in self._closed:
                 raise RunClosedError(f"run {run_id!r} is closed: its outcome was posted")
-            self._accept(run, req.events)
+            new, _ = self._new_events(run, req.events)
+            self.store.charge(run, self._fold(run, new))
             trace = self._trace(run, req)
             if self.log is not None:
                 try:
@@ -528,6 +665,9 @@ class Engine:
             decision = run.decisions.get(i)
             if decision is not None:
                 data["decision"] = orjson.loads(decision)
+                later = run.later.get(i)
+                if later:  # decided again at this event (no new event between the calls)
+                    data["later_decisions"] = [orjson.loads(x) for x in later]
             events.append(data)
         stop = req.stop
         last = run.last_response
@@ -570,14 +710,17 @@ class Engine:
         self._closed[run_id] = None
         while len(self._closed) > self.settings.max_runs:
             self._closed.popitem(last=False)
-        self.metrics.live_runs.set(len(self.store))
+        self.update_gauges()
 
     def delete(self, run_id: str) -> None:
-        """Drop a live run without logging a trace."""
+        """Drop a live run without logging a trace (or forget that the store dropped it)."""
+        if isinstance(self.store.get(run_id), Evicted):
+            self.store.forget(run_id)
+            return
         run = self._lookup(run_id)
         with run.lock:
             self.store.pop(run_id)
-        self.metrics.live_runs.set(len(self.store))
+        self.update_gauges()
 
     def run_info(self, run_id: str) -> RunInfo:
         """State and current features of a live run."""
@@ -644,15 +787,19 @@ class Engine:
     # ------------------------------------------------------------------ safety configs
 
     def _safety(self, raw: dict[str, Any]) -> SafetyConfig:
+        issues = _out_of_range(raw, "safety", 0)
+        if issues:
+            raise ConfigError("invalid safety config in 'safety'", issues)
         key = orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)
         cached = self._safety_cache.get(key)
         if cached is not None:
             return cached
         cfg = self._parse_safety(raw, "safety")
         assert cfg is not None
-        self._safety_cache[key] = cfg
-        while len(self._safety_cache) > _SAFETY_CACHE:
-            self._safety_cache.popitem(last=False)
+        with self._cache_lock:
+            self._safety_cache[key] = cfg
+            while len(self._safety_cache) > _SAFETY_CACHE:
+                self._safety_cache.popitem(last=False)
         return cfg
 
     @staticmethod
@@ -666,17 +813,40 @@ class Engine:
             raise ConfigError(f"invalid safety config in {where!r}", issues) from None
 
 
-def load_policy(path: Path) -> Policy:
-    """``Policy.load``, with a missing native library reported as a model error, not a crash."""
+def load_artifact(path: Path) -> ModelArtifact:
+    """The verified model directory (every listed file read once, sha256 checked, no link out of it)."""
     try:
-        return Policy.load(path)
+        return load_model_dir(path)
+    except OSError as exc:
+        raise ModelNotFoundError(f"{path}: cannot read the model: {exc}") from None
+
+
+def policy_from(artifact: ModelArtifact) -> Policy:
+    """``Policy.from_artifact``, with every failure a model error (422 on reload), never a crash.
+
+    A manifest value of the wrong type or form (a string for a number, a number for a
+    map) breaks the policy's constructor with a plain Python error: that is the
+    manifest's fault, reported as such.
+    """
+    path = artifact.path
+    try:
+        return Policy.from_artifact(artifact)
+    except StopServeError:
+        raise
     except (ImportError, OSError) as exc:
-        if isinstance(exc, FileNotFoundError | PermissionError):
-            raise ModelNotFoundError(f"{path}: cannot read the model: {exc}") from None
         raise ModelError(
             f"{path}: cannot load LightGBM to use this model ({exc}); "
             "on slim Linux images install the OpenMP runtime (libgomp1)"
         ) from None
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+        raise ModelIntegrityError(
+            f"{path}/manifest.json: a value has the wrong type or form ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def load_policy(path: Path) -> Policy:
+    """Load and verify a model directory as a policy; every failure is a :class:`ModelError`."""
+    return policy_from(load_artifact(path))
 
 
 def _decision_fields(d: StopDecision) -> dict[str, Any]:
@@ -714,6 +884,70 @@ def _trace_decision(d: StopDecision) -> dict[str, Any]:
 
 def _finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
+
+
+def _evicted_error(run_id: str, found: Evicted | None, prior: int | None) -> RunEvictedError:
+    if found is not None:
+        why = {
+            "lru": "the least recently used (STOPSERVE_MAX_RUNS)",
+            "bytes": "the least recently used over the store's byte cap (STOPSERVE_MAX_STORE_BYTES)",
+            "ttl": "idle past its ttl (STOPSERVE_RUN_TTL_S)",
+        }[found.cause]
+        what = f"run {run_id!r} was dropped by the run store: {why}"
+    else:
+        what = (
+            f"run {run_id!r} is not held here, though {prior} of its events were delivered before "
+            "(evicted, or the service restarted)"
+        )
+    return RunEvictedError(
+        f"{what}; it is not started over: resend all of its events with prior_events: 0, or decide locally",
+        [Issue("the run's earlier events are gone from the service", path="prior_events")],
+    )
+
+
+def _out_of_range(value: Any, path: str, depth: int) -> list[Issue]:
+    """Numbers, strings and nesting of a free-form JSON value beyond what the service takes."""
+    if isinstance(value, bool) or value is None:
+        return []
+    if isinstance(value, int):
+        ok = -MAX_INT <= value <= MAX_INT
+        return [] if ok else [Issue(f"integer out of range (at most {MAX_INT} in size)", path=path)]
+    if isinstance(value, float):
+        ok = math.isfinite(value) and abs(value) <= MAX_NUMBER
+        return [] if ok else [Issue(f"number out of range (at most {MAX_NUMBER:g} in size)", path=path)]
+    if isinstance(value, str):
+        ok = len(value) <= MAX_ID_CHARS
+        return [] if ok else [Issue(f"string longer than {MAX_ID_CHARS} characters", path=path)]
+    if depth >= _SAFETY_DEPTH:
+        return [Issue(f"nested deeper than {_SAFETY_DEPTH} levels", path=path)]
+    if isinstance(value, dict | list) and len(value) > _SAFETY_ITEMS:
+        return [Issue(f"more than {_SAFETY_ITEMS} entries", path=path)]
+    issues: list[Issue] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            issues += _out_of_range(item, f"{path}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            issues += _out_of_range(item, f"{path}[{i}]", depth + 1)
+    return issues
+
+
+def _internal_slot_error(i: int) -> ErrorDetail:
+    return ErrorDetail(
+        type="internal_error",
+        message="internal error on this run: the server logged it",
+        status=500,
+        issues=[ErrorIssue(field=f"runs[{i}]", message="internal error")],
+    )
+
+
+def _unavailable_slot_error(exc: LogUnavailableError, i: int) -> ErrorDetail:
+    return ErrorDetail(
+        type="log_unavailable",
+        message=str(exc),
+        status=503,
+        issues=[ErrorIssue(field=f"runs[{i}]", message=str(exc))],
+    )
 
 
 def _slot_error(detail: ErrorDetail, i: int) -> ErrorDetail:

@@ -33,6 +33,7 @@ STATUS: Final[tuple[tuple[type[e.StopServeError], int, str], ...]] = (
     (e.ModelError, 422, "model_error"),
     (e.RunNotFoundError, 404, "run_not_found"),
     (e.RunClosedError, 409, "run_closed"),
+    (e.RunEvictedError, 409, "run_evicted"),
     (e.RunLimitError, 413, "run_limit"),
     (e.RunError, 409, "run_error"),
     (e.TrainingError, 422, "training_error"),

@@ -12,10 +12,17 @@ of the process (even ``kill -9``) never loses a line a client has seen.
   its own line to be durable, but concurrent requests share an fsync, and an
   asyncio caller waits without blocking the event loop (:meth:`JsonlLog.submit`).
 
-An exclusive ``flock`` around each write lets several worker processes share one
-file. Above ``max_bytes`` the file is renamed to ``<name>.<UTC time>.jsonl`` and a
-new one starts; a restart appends to the current file, first cutting any torn last
-line left by a crash so the log always parses.
+An exclusive ``flock`` around each write lets several processes share one file.
+Above ``max_bytes`` the file is renamed to ``<name>.<UTC time>.jsonl`` and a new one
+starts; rotated files beyond ``retain_bytes`` (all files of the log together) are
+deleted, oldest first.
+
+A write that fails (a full disk: ``ENOSPC`` after part of the line went out) is
+undone: the file is cut back to its last whole line before the error is raised, so
+the next line never lands on a fragment. On open, every line of the current file is
+checked: a line that does not parse is repaired when a whole record ends it (a
+fragment followed by a later record) and the rest is moved to ``<name>.quarantine``,
+so the log always parses and no record that was answered is lost.
 """
 
 from __future__ import annotations
@@ -26,11 +33,12 @@ import contextlib
 import fcntl
 import logging
 import os
+import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import orjson
 
@@ -43,6 +51,10 @@ FsyncPolicy = Literal["always", "interval"]
 # a waiter for one line under group commit: an asyncio future (request on the event
 # loop) or a concurrent future (a caller in a thread)
 _Waiter = asyncio.Future[None] | concurrent.futures.Future[None]
+#: The system call that writes (``os.write``): tests hand in one that runs out of space.
+Writer = Callable[[int, bytes | memoryview], int]
+#: Attempts to find the record that ends a torn line (each parses the rest of the line).
+_SALVAGE_TRIES: Final = 256
 
 
 class JsonlLog:
@@ -55,11 +67,16 @@ class JsonlLog:
         fsync: FsyncPolicy = "interval",
         fsync_interval_s: float = 1.0,
         max_bytes: int = 256 * 1024 * 1024,
+        retain_bytes: int | None = None,
+        write: Writer = os.write,
     ) -> None:
         self.path = path
         self.fsync = fsync
         self.fsync_interval_s = fsync_interval_s
         self.max_bytes = max_bytes
+        self.retain_bytes = retain_bytes
+        self._write = write
+        self._torn_at: int | None = None  # a failed write could not be undone: cut here first
         self.lines = 0
         self.commits = 0  # fsyncs of group commit batches (concurrent lines share one)
         self._lock = threading.Lock()  # guards the descriptor, rotation and the counters
@@ -69,7 +86,7 @@ class JsonlLog:
         self._queue: list[tuple[bytes, _Waiter]] = []
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = self._open()
-        self._repair_tail()
+        self._repair()
         target = self._group_commit if fsync == "always" else self._interval_sync
         self._thread = threading.Thread(target=target, name=f"stopserve-log-{path.name}", daemon=True)
         self._thread.start()
@@ -77,32 +94,69 @@ class JsonlLog:
     def _open(self) -> int:
         return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def _repair_tail(self) -> None:
-        """Cut a torn last line (a crash mid-write) so every line parses."""
+    @property
+    def quarantine(self) -> Path:
+        """Where unreadable lines found on open are moved (``<name>.quarantine``)."""
+        return self.path.with_suffix(".quarantine")
+
+    def _repair(self) -> None:
+        """Make every line of the file parse: repair torn lines, quarantine what cannot be read.
+
+        One streaming pass checks every line (a clean file is left as it is); only when a
+        line is bad is the file rewritten, beside it, and swapped in atomically.
+        """
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
-            size = os.fstat(self._fd).st_size
-            if size == 0:
+            if os.fstat(self._fd).st_size == 0 or self._clean():
                 return
-            with self.path.open("rb") as fh:
-                fh.seek(size - 1)
-                if fh.read(1) == b"\n":
-                    return
-                keep = 0
-                pos = size
-                while pos > 0:
-                    step = min(pos, 1 << 16)
-                    pos -= step
-                    fh.seek(pos)
-                    chunk = fh.read(step)
-                    cut = chunk.rfind(b"\n")
-                    if cut >= 0:
-                        keep = pos + cut + 1
-                        break
-            os.truncate(self.path, keep)
-            _log.warning("%s: cut a torn last line (%d bytes) left by a crash", self.path, size - keep)
+            bad = 0
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            try:
+                with (
+                    self.path.open("rb") as src,
+                    os.fdopen(fd, "wb") as out,
+                    self.quarantine.open("ab") as quarantine,
+                ):
+                    for raw in src:
+                        line = raw.rstrip(b"\n")
+                        if not line.strip():
+                            continue
+                        if _is_record(line):
+                            out.write(line + b"\n")
+                            continue
+                        bad += 1
+                        cut = _salvage(line)
+                        quarantine.write((line if cut is None else line[:cut]) + b"\n")
+                        if cut is not None:
+                            out.write(line[cut:] + b"\n")
+                    for fh in (out, quarantine):
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            old, self._fd = self._fd, self._open()
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            fcntl.flock(old, fcntl.LOCK_UN)
+            os.close(old)
+            _log.warning(
+                "%s: %d unreadable line(s) repaired or moved to %s (torn by a crash or a full disk)",
+                self.path,
+                bad,
+                self.quarantine.name,
+            )
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _clean(self) -> bool:
+        """Every line ends with a newline and parses as a JSON object."""
+        with self.path.open("rb") as fh:
+            for raw in fh:
+                if not raw.endswith(b"\n") or not _is_record(raw):
+                    return False
+        return True
 
     # ------------------------------------------------------------------ writing
 
@@ -147,10 +201,17 @@ class JsonlLog:
                 self._cond.notify()
 
     def _write_locked(self, lines: list[bytes]) -> None:
-        """Write whole lines under the file lock, rotating between lines when over ``max_bytes``."""
+        """Write whole lines under the file lock, rotating between lines when over ``max_bytes``.
+
+        All or nothing per file: if a write fails part way, the file is cut back to its
+        size before the write and the ``OSError`` is raised.
+        """
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             self._follow_rotation()
+            if self._torn_at is not None:
+                os.ftruncate(self._fd, self._torn_at)  # still failing: raise, nothing is written
+                self._torn_at = None
             size = os.fstat(self._fd).st_size
             chunk: list[bytes] = []
             chunk_len = 0
@@ -168,10 +229,23 @@ class JsonlLog:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def _write_all(self, data: bytes) -> None:
+        start = os.fstat(self._fd).st_size
         view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
+        try:
+            while view:
+                n = self._write(self._fd, view)
+                view = view[n:]
+        except OSError:
+            self._undo(start)
+            raise
+
+    def _undo(self, size: int) -> None:
+        """Cut the file back to ``size`` bytes (its last whole line before a failed write)."""
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError as exc:
+            self._torn_at = size  # the next write cuts first; a restart repairs the line anyway
+            _log.error("%s: cannot cut a failed write back to %d bytes: %s", self.path, size, exc)
 
     def _follow_rotation(self) -> None:
         # another worker process may have rotated the file: write to the new one
@@ -193,6 +267,30 @@ class JsonlLog:
         os.rename(self.path, target)
         self._follow_rotation()
         _log.info("rotated %s to %s", self.path, target.name)
+        if self.retain_bytes is not None:
+            self._prune(self.retain_bytes - self.max_bytes)
+
+    def rotated(self) -> list[Path]:
+        """The rotated files of this log, oldest first."""
+        stem, suffix = self.path.stem, self.path.suffix
+        found = [
+            p
+            for p in self.path.parent.glob(f"{stem}.*{suffix}")
+            if p.name[len(stem) + 1 : len(stem) + 2].isdigit()
+        ]
+        return sorted(found, key=lambda p: p.name)
+
+    def _prune(self, budget: int) -> None:
+        """Delete the oldest rotated files until the rest hold at most ``budget`` bytes."""
+        files = [(p, p.stat().st_size) for p in self.rotated()]
+        total = sum(size for _, size in files)
+        for path, size in files:
+            if total <= budget:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                _log.warning("%s: deleted %s (%d bytes): log retention limit", self.path, path.name, size)
+            total -= size
 
     # ------------------------------------------------------------------ background threads
 
@@ -208,8 +306,16 @@ class JsonlLog:
             error: OSError | None = None
             try:
                 with self._lock:
+                    before = os.fstat(self._fd)
                     self._write_locked([data for data, _ in batch])
-                    os.fsync(self._fd)
+                    try:
+                        os.fsync(self._fd)
+                    except OSError:
+                        # not durable: nobody is answered, so the batch's lines go (those in
+                        # this file: a rotation part way left the first ones in the rotated file)
+                        same = os.fstat(self._fd).st_ino == before.st_ino
+                        self._undo(before.st_size if same else 0)
+                        raise
                     self.commits += 1
             except OSError as exc:
                 error = exc
@@ -258,6 +364,25 @@ class JsonlLog:
                 self._fd = -1
 
 
+def _is_record(line: bytes) -> bool:
+    try:
+        return isinstance(orjson.loads(line), dict)
+    except orjson.JSONDecodeError:
+        return False
+
+
+def _salvage(line: bytes) -> int | None:
+    """Where the whole record that ends a torn line starts (a fragment, then a later line), if any."""
+    pos = line.find(b"{", 1)
+    tries = 0
+    while pos > 0 and tries < _SALVAGE_TRIES:
+        if _is_record(line[pos:]):
+            return pos
+        pos = line.find(b"{", pos + 1)
+        tries += 1
+    return None
+
+
 def _line(record: Mapping[str, Any]) -> bytes:
     return orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
 
@@ -300,12 +425,14 @@ class DecisionLog:
         fsync: FsyncPolicy = "interval",
         fsync_interval_s: float = 1.0,
         max_bytes: int = 256 * 1024 * 1024,
+        retain_bytes: int | None = None,
     ) -> None:
         self.log_dir = log_dir
         options: dict[str, Any] = {
             "fsync": fsync,
             "fsync_interval_s": fsync_interval_s,
             "max_bytes": max_bytes,
+            "retain_bytes": retain_bytes,
         }
         self.decisions = JsonlLog(log_dir / "decisions.jsonl", **options)
         self.traces = JsonlLog(log_dir / "traces.jsonl", **options)

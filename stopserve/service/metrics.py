@@ -19,7 +19,7 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 
 class Metrics:
-    """Decisions by action and reason, decide latency, live runs, evictions, model, log errors."""
+    """Decisions by action and reason, decide latency, live runs and bytes, evictions, model, log errors."""
 
     def __init__(self) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # the *_created series only double the scrape size
@@ -32,6 +32,9 @@ class Metrics:
             "stopserve_decide_seconds", "Time to decide, log included", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.live_runs = Gauge("stopserve_live_runs", "Runs in the run store", registry=r)
+        self.store_bytes = Gauge(
+            "stopserve_store_bytes", "Bytes the live runs retain (as the run store charges them)", registry=r
+        )
         self.evictions = Counter("stopserve_evictions", "Runs dropped by the store", ["cause"], registry=r)
         self.model = Gauge(
             "stopserve_model_info", "The model served (value 1)", ["version", "kind"], registry=r

@@ -1,32 +1,67 @@
-"""The live run store: bounded, in memory, behind one small interface.
+"""The live run store: bounded in runs and in bytes, in memory, behind one small interface.
 
-:class:`RunStore` is the interface the service needs (get, create, pop, sweep,
-count); :class:`MemoryRunStore` keeps runs in an ``OrderedDict`` in least-recently
-used order, so LRU eviction and idle-TTL expiry are O(1) per call (expired runs
-sit at the front). A shared store (Redis) can implement the same interface to
-serve several replicas.
+:class:`RunStore` is the interface the service needs (get, add, charge, pop, forget,
+sweep, count, bytes); :class:`MemoryRunStore` keeps runs in an ``OrderedDict`` in
+least-recently used order, so LRU eviction and idle-TTL expiry are O(1) per call
+(expired runs sit at the front). A shared store (Redis) can implement the same
+interface to serve several replicas.
 
-Memory per run is its :class:`~stopserve.features.RunState` (bounded) plus the
-events kept for the trace log (compact JSON text, bounded by
-``max_events_per_run``); ``docs/service.md`` has measured numbers.
+A run the store drops is not forgotten silently: :meth:`RunStore.get` answers
+:class:`Evicted` for its id (LRU, byte cap or idle TTL), an explicit outcome the
+service turns into 409 ``run_evicted``, so a run is never started over at turn 1
+with its safety nets reset. A Redis store reports an expired key the same way
+(a tombstone key with its own TTL).
+
+Memory: each run is charged the bytes it retains (:func:`event_bytes`,
+:func:`decision_bytes`, an upper bound checked against ``tracemalloc`` in the
+tests); the store keeps the total under ``max_bytes`` by evicting the least
+recently used runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from stopserve.features import RunState
 from stopserve.trace import Budget
 
-__all__ = ["EvictionCause", "MemoryRunStore", "Run", "RunStore"]
+__all__ = [
+    "RUN_BASE_BYTES",
+    "Evicted",
+    "EvictionCause",
+    "MemoryRunStore",
+    "Run",
+    "RunStore",
+    "decision_bytes",
+    "event_bytes",
+]
 
-EvictionCause = Literal["lru", "ttl"]
+EvictionCause = Literal["lru", "ttl", "bytes"]
+
+#: An empty run: the Run record, its RunState (windows, deques, dicts) and its locks (measured: ~9 KiB).
+RUN_BASE_BYTES: Final = 12 * 1024
+#: Per event beyond its strings: list slot, set and dict entries, RunState window entries.
+_EVENT_OVERHEAD: Final = 320
+#: Per decision beyond its JSON text: the dict entry or list slot.
+_DECISION_OVERHEAD: Final = 120
+
+
+def event_bytes(text: str, event_id: str, agent: str, ref: str | None) -> int:
+    """Bytes one folded event retains: its JSON text, its id (kept twice), what the featurizer keeps."""
+    size = sys.getsizeof
+    return size(text) + 2 * size(event_id) + size(agent) + (size(ref) if ref else 0) + _EVENT_OVERHEAD
+
+
+def decision_bytes(text: str) -> int:
+    """Bytes one decision kept for the trace retains."""
+    return sys.getsizeof(text) + _DECISION_OVERHEAD
 
 
 @dataclass(eq=False, slots=True)
@@ -46,40 +81,64 @@ class Run:
     safety: Any = None  # SafetyConfig for this run, if the caller gave one
     events: list[str] = field(default_factory=list)  # compact JSON of each event
     event_ids: set[str] = field(default_factory=set)
-    decisions: dict[int, str] = field(default_factory=dict)  # event index -> its decision (JSON)
+    decisions: dict[int, str] = field(default_factory=dict)  # event index -> first decision after it (JSON)
+    later: dict[int, list[str]] = field(default_factory=dict)  # event index -> the decisions after the first
     last_t: float = 0.0
     n_decisions: int = 0
     last_response: dict[str, Any] | None = None
     last_proposed: bool = False
     last_event_id: str | None = None
+    nbytes: int = RUN_BASE_BYTES  # what the store charges this run
     lock: threading.Lock = field(default_factory=threading.Lock)  # its state, against the thread pool
     alock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its decide calls, across the log wait
+
+
+@dataclass(frozen=True, slots=True)
+class Evicted:
+    """What :meth:`RunStore.get` answers for a run the store dropped (not for a closed or deleted one)."""
+
+    run_id: str
+    cause: EvictionCause
+    at: float  # the store's clock when it was dropped
 
 
 class RunStore(Protocol):
     """What the service needs from a run store."""
 
-    def get(self, run_id: str) -> Run | None:
-        """The live run, marked as used now; None if unknown or expired."""
+    def get(self, run_id: str) -> Run | Evicted | None:
+        """The live run, marked as used now; :class:`Evicted` if the store dropped it; None if unknown."""
 
     def add(self, run: Run) -> None:
-        """Add a new run, evicting the least recently used one when full."""
+        """Add a new run (charged ``run.nbytes``), evicting the least recently used ones when full."""
+
+    def charge(self, run: Run, nbytes: int) -> None:
+        """Set what ``run`` retains; evict other runs, least recently used first, above the byte cap."""
 
     def pop(self, run_id: str) -> Run | None:
         """Remove and return a run (closed or deleted)."""
 
+    def forget(self, run_id: str) -> None:
+        """Drop the eviction record of ``run_id`` (the caller starts it again, whole)."""
+
     def sweep(self) -> int:
         """Drop idle runs past their TTL; return how many."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes charged to the live runs."""
 
     def __len__(self) -> int:
         """Live runs."""
 
 
 class MemoryRunStore:
-    """In-process :class:`RunStore`: ``max_runs`` live runs, LRU eviction, idle TTL.
+    """In-process :class:`RunStore`: ``max_runs`` live runs, ``max_bytes`` in all, LRU eviction, idle TTL.
 
+    The last ``max_evicted`` runs dropped (default ten times ``max_runs``) are remembered
+    by a 64-bit hash of their id, about 150 bytes each (:class:`Evicted`); past that, only
+    a caller that says a run had events before (``prior_events``) is protected.
     ``on_evict(run, cause)`` is called for every run dropped by the store itself.
-    Thread-safe: the service decides in a thread pool.
+    Thread-safe: the service also works on runs from a thread pool.
     """
 
     def __init__(
@@ -87,50 +146,81 @@ class MemoryRunStore:
         *,
         max_runs: int,
         ttl_s: float,
+        max_bytes: int | None = None,
+        max_evicted: int | None = None,
         on_evict: Callable[[Run, EvictionCause], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_runs = max_runs
         self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
+        self.max_evicted = max_evicted if max_evicted is not None else 10 * max_runs
         self._on_evict = on_evict
         self._clock = clock
         self._runs: OrderedDict[str, Run] = OrderedDict()
+        # hash(run id) -> (cause, when): ids are not kept, so a tombstone costs the same for any id
+        self._evicted: OrderedDict[int, tuple[EvictionCause, float]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def now(self) -> float:
         """The store's clock (monotonic seconds)."""
         return self._clock()
 
-    def get(self, run_id: str) -> Run | None:
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def get(self, run_id: str) -> Run | Evicted | None:
         now = self._clock()
         evicted: list[Run] = []
         with self._lock:
             run = self._runs.get(run_id)
-            if run is not None:
-                if now - run.last_seen_at > self.ttl_s:
-                    del self._runs[run_id]
-                    evicted.append(run)
-                    run = None
-                else:
-                    run.last_seen_at = now
-                    self._runs.move_to_end(run_id)
+            if run is None:
+                return self._tombstone(run_id)
+            if now - run.last_seen_at > self.ttl_s:
+                self._drop(run, "ttl", now)
+                evicted.append(run)
+            else:
+                run.last_seen_at = now
+                self._runs.move_to_end(run_id)
+                return run
         self._notify(evicted, "ttl")
-        return run
+        with self._lock:
+            return self._tombstone(run_id)
 
     def add(self, run: Run) -> None:
-        evicted: list[Run] = []
+        now = self._clock()
         with self._lock:
-            run.last_seen_at = self._clock()
+            run.last_seen_at = now
+            self._evicted.pop(hash(run.run_id), None)
             self._runs[run.run_id] = run
             self._runs.move_to_end(run.run_id)
-            while len(self._runs) > self.max_runs:
-                _, old = self._runs.popitem(last=False)
-                evicted.append(old)
-        self._notify(evicted, "lru")
+            self._bytes += run.nbytes
+            lru = self._shrink(run, now, by_count=True)
+            over = self._shrink(run, now, by_count=False)
+        self._notify(lru, "lru")
+        self._notify(over, "bytes")
+
+    def charge(self, run: Run, nbytes: int) -> None:
+        now = self._clock()
+        with self._lock:
+            if self._runs.get(run.run_id) is run:
+                self._bytes += nbytes - run.nbytes
+            run.nbytes = nbytes
+            over = self._shrink(run, now, by_count=False)
+        self._notify(over, "bytes")
 
     def pop(self, run_id: str) -> Run | None:
         with self._lock:
-            return self._runs.pop(run_id, None)
+            run = self._runs.pop(run_id, None)
+            if run is not None:
+                self._bytes -= run.nbytes
+            return run
+
+    def forget(self, run_id: str) -> None:
+        with self._lock:
+            self._evicted.pop(hash(run_id), None)
 
     def sweep(self) -> int:
         now = self._clock()
@@ -141,13 +231,42 @@ class MemoryRunStore:
                 run = next(iter(self._runs.values()))
                 if now - run.last_seen_at <= self.ttl_s:
                     break
-                self._runs.popitem(last=False)
+                self._drop(run, "ttl", now)
                 evicted.append(run)
         self._notify(evicted, "ttl")
         return len(evicted)
 
     def __len__(self) -> int:
         return len(self._runs)
+
+    def _shrink(self, keep: Run, now: float, *, by_count: bool) -> list[Run]:
+        """Under the lock: drop least recently used runs (never ``keep``) while over a cap."""
+        dropped: list[Run] = []
+        while len(self._runs) > 1:
+            if by_count:
+                if len(self._runs) <= self.max_runs:
+                    break
+            elif self.max_bytes is None or self._bytes <= self.max_bytes:
+                break
+            old = next(iter(self._runs.values()))
+            if old is keep:
+                break  # the run being charged is the only one left to drop: its own cap bounds it
+            self._drop(old, "bytes" if not by_count else "lru", now)
+            dropped.append(old)
+        return dropped
+
+    def _drop(self, run: Run, cause: EvictionCause, now: float) -> None:
+        del self._runs[run.run_id]
+        self._bytes -= run.nbytes
+        key = hash(run.run_id)
+        self._evicted[key] = (cause, now)
+        self._evicted.move_to_end(key)
+        while len(self._evicted) > self.max_evicted:
+            self._evicted.popitem(last=False)
+
+    def _tombstone(self, run_id: str) -> Evicted | None:
+        found = self._evicted.get(hash(run_id))
+        return Evicted(run_id, *found) if found is not None else None
 
     def _notify(self, runs: list[Run], cause: EvictionCause) -> None:
         if self._on_evict is not None:

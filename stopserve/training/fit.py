@@ -58,10 +58,12 @@ from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.trace import Trace, read_traces
 from stopserve.training.heuristics import (
     HEURISTICS,
+    Replay,
     TunedHeuristic,
     cross_fit_heuristics,
     group_folds,
     replay,
+    tune_heuristics,
 )
 from stopserve.training.labels import DecisionPoints, build_decision_points
 from stopserve.training.replay import replay_decide, replay_rows
@@ -257,6 +259,11 @@ class _Target:
     #: rows this target learns from (None: all)
     rows: BoolArray | None = None
 
+    @property
+    def transform(self) -> str:
+        """How a served policy turns the raw score into the target's scale (``stopserve.policy``)."""
+        return "sigmoid" if self.objective == "cross_entropy" else "identity"
+
 
 class _Trainer:
     """Trains boosters on row subsets of one binned matrix (bins computed once)."""
@@ -339,6 +346,64 @@ class _Fold:
     test: IntArray
     boosters: dict[str, Any] = field(default_factory=dict)
     iters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _FitState:
+    """What one :meth:`PolicyLearner.fit` works on, passed from step to step."""
+
+    dp: DecisionPoints
+    nets: SafetyConfig
+    per_run: bool
+    share: float | None
+    mean_cost: float
+    lam_value: float
+    arg_lam: float | None
+    arg_share: float | None
+    methods: tuple[str, ...]
+    min_turns: tuple[int, ...]
+    used: tuple[str, ...]
+    X: FloatArray
+    params: dict[str, Any]
+    trainer: _Trainer
+    trace_fold: IntArray
+    folds: list[_Fold]
+    targets: dict[str, _Target]
+    notes: list[str]
+    source: TraceSource = field(default_factory=lambda: TraceSource([]))
+    oof: dict[str, FloatArray] = field(default_factory=dict)
+    inner: dict[str, list[FloatArray]] = field(default_factory=dict)
+    fold_heur: list[dict[str, TunedHeuristic]] = field(default_factory=list)
+    heur_all: dict[str, TunedHeuristic] = field(default_factory=dict)
+    c_target: _Target | None = None
+    bar: Any = None
+
+    @property
+    def k(self) -> int:
+        """Number of folds."""
+        return len(self.folds)
+
+    @property
+    def n_groups(self) -> int:
+        """Number of groups the folds keep apart."""
+        return int(np.unique(self.dp.group).size)
+
+
+def _folds(dp: DecisionPoints, trace_fold: IntArray, seed: int) -> list[_Fold]:
+    """Rows of each fold: its training part, its held-out inner part (about 25% of the groups), its test."""
+    row_fold = trace_fold[dp.trace_idx]
+    rng = np.random.default_rng(seed)
+    rows_all = np.arange(dp.n_rows, dtype=np.int64)
+    folds: list[_Fold] = []
+    for f in range(int(trace_fold.max()) + 1):
+        train_traces = np.flatnonzero(trace_fold != f)
+        valid_flag = _inner_split(dp.group[train_traces], rng)
+        is_valid = np.zeros(dp.n_traces, dtype=bool)
+        is_valid[train_traces[valid_flag]] = True
+        in_train = (row_fold != f) & ~is_valid[dp.trace_idx]
+        in_valid = (row_fold != f) & is_valid[dp.trace_idx]
+        folds.append(_Fold(rows_all[in_train], rows_all[in_valid], rows_all[row_fold == f]))
+    return folds
 
 
 class PolicyLearner:
@@ -438,9 +503,103 @@ class PolicyLearner:
         """
         self._check_params()
         t_start = time.perf_counter()
-        say = self.log or (lambda msg: None)
-        notes: list[str] = []
         source = traces if isinstance(traces, TraceSource) else TraceSource(traces)
+        st = self._prepare(source, cost_unit, labels_from_rewards, group_by)
+        st.source = source
+        st.bar = _progress(st.k * (3 + ("optimal" in st.methods) * OPTIMAL_PASSES) + 4, self.progress)
+        for name in ("g", "k", "s"):  # S whatever the method: q_stop, and a run's value for credit
+            self._cross_fit(st, st.targets[name])
+        _, st.fold_heur = cross_fit_heuristics(
+            st.dp, st.lam_value, min_turns=1, transferable=st.per_run, fold=st.trace_fold
+        )
+        st.heur_all = tune_heuristics(st.dp, st.lam_value, min_turns=1, transferable=st.per_run)
+        if "optimal" in st.methods:
+            self._fit_optimal(st)
+        fold_policies, fold_choice = self._fold_policies(st)
+        reps = self._cross_validate(st, fold_policies)
+        policies = {name: _summary(r) for name, r in reps.items()}
+        best_heur = max(HEURISTICS, key=lambda h: policies[h]["value"])
+        guard = self._guard(st, reps, best_heur)
+        models, manifest, final_tuned, importance = self._final(st, best_heur, ship=guard["ship"])
+        chosen = "learned" if manifest["kind"] == "model" else best_heur
+        final_rule = st.heur_all[best_heur].rule.describe(st.dp.cost_unit)
+        if chosen != "learned" and final_rule.startswith("never stop"):
+            st.notes.append(
+                "THE SHIPPED POLICY NEVER STOPS A RUN ON ITS OWN: no tuned cap beat running to the end, so "
+                "only the safety nets (loop detector, quality_met, budgets) and the orchestrator's proposed "
+                "stops end runs"
+            )
+        # the shipped policy, replayed through decide on the training traces: evaluate gives the same
+        shipped = Policy.from_manifest(manifest, models, source="trained policy", engine=REPLAY_ENGINE)
+        in_rows = replay_decide(
+            iter(source), st.dp, lambda i: [shipped], lam=st.arg_lam, cost_share=st.arg_share
+        )[0]
+        guard.pop("ship")
+        guard.update(
+            shipped="learned model" if chosen == "learned" else f"heuristic {best_heur}",
+            shipped_rule=final_rule,
+            in_sample_value=replay_rows(st.dp, in_rows, st.lam_value).mean_value,
+            in_sample_replay={
+                "labels_from_rewards": labels_from_rewards,
+                "lambda": st.arg_lam,
+                "cost_share": st.arg_share,
+            },
+        )
+        if st.bar is not None:
+            st.bar.update(1)
+            st.bar.close()
+        cv: dict[str, Any] = {
+            "folds": st.k,
+            "group_by": group_by,
+            "groups": st.n_groups,
+            "lambda": st.lam_value,
+            "cost_share": st.share,
+            "policies": policies,
+            "best_heuristic": best_heur,
+            "by_dataset": {
+                str(d): {
+                    n: float(reps[n].value[st.dp.dataset == d].mean())
+                    for n in ("learned", best_heur, "behavior", "oracle")
+                }
+                for d in np.unique(st.dp.dataset)
+            },
+            "fold_choices": fold_choice,
+        }
+        if final_tuned is not None:
+            cv["final_tuning"] = {"method": final_tuned[0], **_tuned_dict(final_tuned[1])}
+        manifest.update(
+            {
+                "feature_names": list(FEATURE_NAMES),
+                "features_used": list(st.used),
+                "guard": guard,
+                "training_data": fingerprint(st.dp),
+                "cv": cv,
+                "feature_importance": {k_: round(v_, 6) for k_, v_ in list(importance.items())[:20]},
+                "params": {**st.params, "max_rounds": self.max_rounds, "early_stopping": EARLY_STOPPING},
+                "labels_from_rewards": labels_from_rewards,
+                "group_by": group_by,
+                "notes": st.notes,
+            }
+        )
+        manifest["model_version"] = _version(manifest)
+        self.dp_ = st.dp
+        self.manifest_ = manifest
+        self.models_ = models
+        self.cv_ = cv
+        self.guard_ = guard
+        self.chosen_ = chosen
+        self.importance_ = importance
+        self.notes_ = st.notes
+        self.timings_ = {"total_s": time.perf_counter() - t_start, "lightgbm_train_s": st.trainer.seconds}
+        return self
+
+    # ----------------------------------------------------------------- the steps of fit
+
+    def _prepare(
+        self, source: TraceSource, cost_unit: str | None, labels_from_rewards: bool, group_by: str
+    ) -> _FitState:
+        """Decision points, the cost weight, features, folds and the trainer."""
+        notes: list[str] = []
         nets = self.nets if self.nets is not None else DEFAULT_SAFETY
         per_run = self.cost_scale == "per_run"
         dp = build_decision_points(
@@ -460,6 +619,8 @@ class PolicyLearner:
         share = self.cost_share
         if self.lam is None and share is None:
             share = DEFAULT_COST_SHARE
+        arg_lam: float | None
+        arg_share: float | None
         if per_run:
             lam_value, arg_lam, arg_share = float(share or 0.0), None, share
         elif self.lam is not None:
@@ -469,21 +630,17 @@ class PolicyLearner:
             arg_lam, arg_share = lam_value, None
             if mean_cost <= 0:
                 notes.append(f"no trace carries any cost in {dp.cost_unit}: the cost share has no effect")
-        n_groups = int(np.unique(dp.group).size)
-        if n_groups < 2:
+        if np.unique(dp.group).size < 2:
             notes.append(
                 f"only one group ({dp.group[0]!r}): grouped cross-validation is impossible; folds split "
                 "the traces of that group instead, so the CV value is optimistic for unseen tasks"
             )
             dp = replace(dp, group=dp.trace_id.copy())
-            n_groups = dp.n_traces
         if np.all(dp.trace_q_final == dp.trace_q_final[0]):
             notes.append(
                 f"every trace has the same outcome ({dp.trace_q_final[0]:g}): the policy can only trade "
                 "cost; the guard still compares it with the heuristics"
             )
-        methods = METHODS if self.method == "auto" else (self.method,)
-        min_turns = (1, 2, 3) if self.min_turns is None else (self.min_turns,)
         used = self._features_used()
         X = np.ascontiguousarray(dp.X, dtype=np.float64)  # noqa: N806
         unused = [j for j, n in enumerate(FEATURE_NAMES) if n not in used]
@@ -495,315 +652,240 @@ class PolicyLearner:
         weight = _ipw(dp)
         if not np.all(weight == 1.0):
             notes.append("logged decisions carry propensities < 1: rows are inverse-propensity weighted")
-        trainer = _Trainer(X, weight, params)
         trace_fold = group_folds(dp.group, self.folds, self.seed)
-        k = int(trace_fold.max()) + 1
-        row_fold = trace_fold[dp.trace_idx]
-        rng = np.random.default_rng(self.seed)
-        rows_all = np.arange(dp.n_rows, dtype=np.int64)
-        folds: list[_Fold] = []
-        for f in range(k):
-            train_traces = np.flatnonzero(trace_fold != f)
-            valid_flag = _inner_split(dp.group[train_traces], rng)
-            is_valid = np.zeros(dp.n_traces, dtype=bool)
-            is_valid[train_traces[valid_flag]] = True
-            in_train = (row_fold != f) & ~is_valid[dp.trace_idx]
-            in_valid = (row_fold != f) & is_valid[dp.trace_idx]
-            folds.append(_Fold(rows_all[in_train], rows_all[in_valid], rows_all[row_fold == f]))
-        bar = _progress(k * (2 + ("optimal" in methods) * (1 + OPTIMAL_PASSES)) + 3, self.progress)
+        return _FitState(
+            dp=dp,
+            nets=nets,
+            per_run=per_run,
+            share=share,
+            mean_cost=mean_cost,
+            lam_value=lam_value,
+            arg_lam=arg_lam,
+            arg_share=arg_share,
+            methods=METHODS if self.method == "auto" else (self.method,),
+            min_turns=(1, 2, 3) if self.min_turns is None else (self.min_turns,),
+            used=used,
+            X=X,
+            params=params,
+            trainer=_Trainer(X, weight, params),
+            trace_fold=trace_fold,
+            folds=_folds(dp, trace_fold, self.seed),
+            targets=_targets(dp),
+            notes=notes,
+        )
 
-        oof: dict[str, FloatArray] = {}
-        inner: dict[str, list[FloatArray]] = {}
-
-        def cross_fit(target: _Target) -> None:
-            oof[target.name] = np.zeros(dp.n_rows)
-            inner[target.name] = []
-            for f, fold in enumerate(folds):
-                booster, best = trainer.train(target, fold.train, fold.valid, self.max_rounds, self.seed + f)
-                fold.boosters[target.name] = booster
-                fold.iters[target.name] = best
-                oof[target.name][fold.test] = booster.predict(X[fold.test], raw_score=True)
-                inner[target.name].append(
-                    booster.predict(X[fold.valid], raw_score=True) if fold.valid.size else np.zeros(0)
-                )
-                if bar is not None:
-                    bar.update(1)
-
-        targets = _targets(dp)
-        # S is fitted whatever the method: served, it gives q_stop and q_continue, and the
-        # run's value V(s) = S + max(0, value of continuing) (message-level credit reads it)
-        for name in ("g", "k", "s"):
-            cross_fit(targets[name])
-
-        # the best heuristic of each fold, tuned on the fold's training traces
-        _, fold_heur = cross_fit_heuristics(dp, lam_value, min_turns=1, transferable=per_run, fold=trace_fold)
-        heur_all = _tune_all(dp, lam_value, per_run)
-        best_all = max(HEURISTICS, key=lambda h: heur_all[h].value)
-
-        def template(method: str) -> Policy:
-            """A policy without boosters: only its ``values`` (the one definition of V) is used."""
-            return Policy(
-                kind="none",
-                safety=nets,
-                manifest=self._value_manifest(method, dp, mean_cost, share, lam_value),
+    def _cross_fit(self, st: _FitState, target: _Target) -> None:
+        """One target on every fold: out-of-fold and held-out-inner predictions, the fold boosters."""
+        st.oof[target.name] = np.zeros(st.dp.n_rows)
+        st.inner[target.name] = []
+        for f, fold in enumerate(st.folds):
+            booster, best = st.trainer.train(target, fold.train, fold.valid, self.max_rounds, self.seed + f)
+            fold.boosters[target.name] = booster
+            fold.iters[target.name] = best
+            st.oof[target.name][fold.test] = booster.predict(st.X[fold.test], raw_score=True)
+            st.inner[target.name].append(
+                booster.predict(st.X[fold.valid], raw_score=True) if fold.valid.size else np.zeros(0)
             )
+            if st.bar is not None:
+                st.bar.update(1)
 
-        def v_of(method: str, raw: Mapping[str, FloatArray], rows: IntArray | slice) -> FloatArray:
-            v, _, _ = template(method).values(
-                raw, dp.turn[rows], dp.c_raw[rows], lam=arg_lam, cost_share=arg_share
+    def _template(self, st: _FitState, method: str) -> Policy:
+        """A policy without boosters: only its ``values`` (the one definition of V) is used."""
+        manifest = {
+            **self._value_manifest(method, st.dp, st.mean_cost, st.share, st.lam_value),
+            "models": {n: {"transform": st.targets[n].transform} for n in st.targets},
+        }
+        return Policy(kind="none", safety=st.nets, manifest=manifest)
+
+    def _v(
+        self, st: _FitState, method: str, raw: Mapping[str, FloatArray], rows: IntArray | slice
+    ) -> FloatArray:
+        v, _, _ = self._template(st, method).values(
+            raw, st.dp.turn[rows], st.dp.c_raw[rows], lam=st.arg_lam, cost_share=st.arg_share
+        )
+        return np.asarray(v, dtype=np.float64)
+
+    def _tune(
+        self,
+        st: _FitState,
+        dp: DecisionPoints,
+        raw: Mapping[str, FloatArray],
+        rows: IntArray | slice,
+        fires: BoolArray,
+    ) -> tuple[str, Tuned] | None:
+        """The best (method, margins, min_turns) on ``dp`` against the base rule ``fires``."""
+        best: tuple[str, Tuned] | None = None
+        for method in st.methods:
+            v = self._v(st, method, {n: raw[n] for n in METHOD_MODELS[method]}, rows)
+            t = tune_policy(
+                dp, v, fires, st.lam_value, min_turns=st.min_turns, strata=_strata(dp, st.per_run)
             )
-            return np.asarray(v, dtype=np.float64)
+            if best is None or t.score > best[1].score + 1e-12:
+                best = (method, t)
+        return best
 
-        # --------------------------------------------------------- optimal: fitted backward induction
-        c_target: _Target | None = None
-        if "optimal" in methods:
-            stop_rule = np.zeros(dp.n_rows, dtype=bool)  # pass 0: the later rule is "continue as logged"
-            fires_all = heur_all[best_all].stop_mask(dp)
-            for p in range(OPTIMAL_PASSES):
-                y = _next_stop_value(dp, stop_rule, lam_value) + lam_value * dp.c
-                c_target = _Target("c", y, "regression")
-                cross_fit(c_target)
-                v_opt = v_of("optimal", oof, slice(None))
-                tuned = tune_policy(
-                    dp, v_opt, fires_all, lam_value, min_turns=min_turns, strata=_strata(dp, per_run)
-                )
-                stop_rule = learned_mask(
-                    dp,
-                    v_opt,
-                    fires_all,
-                    margin_stop=tuned.margin_stop,
-                    margin_continue=tuned.margin_continue,
-                    min_turns=tuned.min_turns,
-                )
-                say(f"optimal pass {p + 1}/{OPTIMAL_PASSES}: gain {tuned.gain:.4g}")
+    def _fit_optimal(self, st: _FitState) -> None:
+        """C by fitted backward induction: each pass regresses the value realised under the last rule."""
+        dp = st.dp
+        fires = st.heur_all[max(HEURISTICS, key=lambda h: st.heur_all[h].value)].stop_mask(dp)
+        stop_rule = np.zeros(dp.n_rows, dtype=bool)  # pass 0: the later rule is "continue as logged"
+        for p in range(OPTIMAL_PASSES):
+            y = _next_stop_value(dp, stop_rule, st.lam_value) + st.lam_value * dp.c
+            st.c_target = _Target("c", y, "regression")
+            self._cross_fit(st, st.c_target)
+            v_opt = self._v(st, "optimal", st.oof, slice(None))
+            tuned = tune_policy(
+                dp, v_opt, fires, st.lam_value, min_turns=st.min_turns, strata=_strata(dp, st.per_run)
+            )
+            stop_rule = learned_mask(
+                dp,
+                v_opt,
+                fires,
+                margin_stop=tuned.margin_stop,
+                margin_continue=tuned.margin_continue,
+                min_turns=tuned.min_turns,
+            )
+            if self.log is not None:
+                self.log(f"optimal pass {p + 1}/{OPTIMAL_PASSES}: gain {tuned.gain:.4g}")
 
-        # --------------------------------------------------------- per fold: base rule, margins, method
-        fold_policies: list[Policy] = []
-        fold_choice: list[dict[str, Any]] = []
-        for f, fold in enumerate(folds):
-            tuned_h = fold_heur[f]
+    def _fold_policies(self, st: _FitState) -> tuple[list[Policy], list[dict[str, Any]]]:
+        """Per fold: its best heuristic as the base rule, margins and method tuned on its held-out rows."""
+        policies: list[Policy] = []
+        choices: list[dict[str, Any]] = []
+        for f, fold in enumerate(st.folds):
+            tuned_h = st.fold_heur[f]
             base_name = max(HEURISTICS, key=lambda h: tuned_h[h].value)
             base = tuned_h[base_name]
-            choice: tuple[str, Tuned] | None = None
+            choice = None
             if fold.valid.size:
-                sub = dp.subset(np.unique(dp.trace_idx[fold.valid]))
-                fires = base.stop_mask(sub)
-                for method in methods:
-                    raw = {n: inner[n][f] for n in METHOD_MODELS[method]}
-                    v = v_of(method, raw, fold.valid)
-                    t = tune_policy(
-                        sub, v, fires, lam_value, min_turns=min_turns, strata=_strata(sub, per_run)
-                    )
-                    if choice is None or t.score > choice[1].score + 1e-12:
-                        choice = (method, t)
+                sub = st.dp.subset(np.unique(st.dp.trace_idx[fold.valid]))
+                choice = self._tune(
+                    st, sub, {n: st.inner[n][f] for n in st.inner}, fold.valid, base.stop_mask(sub)
+                )
             if choice is None or not choice[1].deviates:
-                fold_policies.append(base.policy())
-                fold_choice.append({"base": base_name, "deviates": False})
+                policies.append(base.policy())
+                choices.append({"base": base_name, "deviates": False})
                 continue
             method, t = choice
-            fold_manifest = {
-                **self._value_manifest(method, dp, mean_cost, share, lam_value),
+            manifest = {
+                **self._value_manifest(method, st.dp, st.mean_cost, st.share, st.lam_value),
                 **_rule_fields(base, t),
+                "models": {n: {"transform": st.targets[n].transform} for n in st.targets},
             }
-            fold_policies.append(
+            policies.append(
                 Policy(
                     kind="model",
-                    safety=nets,
-                    manifest=fold_manifest,
+                    safety=st.nets,
+                    manifest=manifest,
                     rule=base.to_safety_config(),
                     boosters={n: fold.boosters[n] for n in METHOD_MODELS[method]},
                     engine=REPLAY_ENGINE,
                 )
             )
-            fold_choice.append({"base": base_name, "deviates": True, "method": method, **_tuned_dict(t)})
-        if bar is not None:
-            bar.update(1)
+            choices.append({"base": base_name, "deviates": True, "method": method, **_tuned_dict(t)})
+        if st.bar is not None:
+            st.bar.update(1)
+        return policies, choices
 
-        # --------------------------------------------------------- CV: every fold policy through decide
-        say("replaying the cross-validated policies through Policy.decide")
-        heur_policies = [{h: fold_heur[f][h].policy() for h in HEURISTICS} for f in range(k)]
+    def _cross_validate(self, st: _FitState, fold_policies: list[Policy]) -> dict[str, Replay]:
+        """Every fold's learned policy and tuned heuristics, replayed through ``decide`` on its fold."""
+        if self.log is not None:
+            self.log("replaying the cross-validated policies through Policy.decide")
+        dp = st.dp
+        heur = [[st.fold_heur[f][h].policy() for h in HEURISTICS] for f in range(st.k)]
         stops = replay_decide(
-            iter(source),
+            iter(st.source),
             dp,
-            lambda i: [fold_policies[trace_fold[i]], *heur_policies[trace_fold[i]].values()],
-            lam=arg_lam,
-            cost_share=arg_share,
+            lambda i: [fold_policies[st.trace_fold[i]], *heur[st.trace_fold[i]]],
+            lam=st.arg_lam,
+            cost_share=st.arg_share,
         )
-        if bar is not None:
-            bar.update(1)
-        reps = {"learned": replay_rows(dp, stops[0], lam_value)}
+        if st.bar is not None:
+            st.bar.update(1)
+        reps = {"learned": replay_rows(dp, stops[0], st.lam_value)}
         for j, h in enumerate(HEURISTICS, start=1):
-            reps[h] = replay_rows(dp, stops[j], lam_value)
-        reps["behavior"] = replay(dp, np.zeros(dp.n_rows, dtype=bool), lam_value)
-        r_stop = dp.r_stop(lam_value)
+            reps[h] = replay_rows(dp, stops[j], st.lam_value)
+        reps["behavior"] = replay(dp, np.zeros(dp.n_rows, dtype=bool), st.lam_value)
+        r_stop = dp.r_stop(st.lam_value)
         best_row = np.maximum.reduceat(r_stop, dp.offsets[:-1])
-        reps["oracle"] = replay(dp, r_stop >= np.repeat(best_row, np.diff(dp.offsets)) - 1e-12, lam_value)
-        policies = {name: _summary(r) for name, r in reps.items()}
-        best_heur = max(HEURISTICS, key=lambda h: policies[h]["value"])
-        by_dataset = {
-            str(d): {
-                name: float(reps[name].value[dp.dataset == d].mean())
-                for name in ("learned", best_heur, "behavior", "oracle")
-            }
-            for d in np.unique(dp.dataset)
-        }
+        reps["oracle"] = replay(dp, r_stop >= np.repeat(best_row, np.diff(dp.offsets)) - 1e-12, st.lam_value)
+        return reps
 
-        # --------------------------------------------------------- the guard
+    def _guard(self, st: _FitState, reps: Mapping[str, Replay], best_heur: str) -> dict[str, Any]:
+        """Learned − best heuristic per run; a bootstrap over groups; whether a model may ship."""
         diff = reps["learned"].value - reps[best_heur].value
-        draws = bootstrap_diff(diff, dp.group, n_boot=self.n_boot, seed=self.seed)
+        draws = bootstrap_diff(diff, st.dp.group, n_boot=self.n_boot, seed=self.seed)
         lower = float(np.quantile(draws, GUARD_QUANTILE))
         upper = float(np.quantile(draws, 1 - GUARD_QUANTILE))
         mean_diff = float(diff.mean())
-        enough = n_groups >= self.min_groups
-        ship_model = enough and lower >= 0.0 and mean_diff > 1e-12
+        enough = st.n_groups >= self.min_groups
         if not enough:
-            notes.append(
-                f"too little data to trust a learned policy: {n_groups} groups, the guard needs at least "
+            st.notes.append(
+                f"too little data to trust a learned policy: {st.n_groups} groups, the guard needs at least "
                 f"{self.min_groups} (set by --min-groups); the tuned heuristic ships"
             )
-
-        # --------------------------------------------------------- final models, tuned on out-of-fold values
-        models: dict[str, str] = {}
-        entries: dict[str, dict[str, Any]] = {}
-        importance: dict[str, float] = {}
-        final_heur = heur_all[best_heur]
-        manifest: dict[str, Any]
-        final_tuned: tuple[str, Tuned] | None = None
-        if ship_model:
-            fires = final_heur.stop_mask(dp)
-            for method in methods:
-                raw = {n: oof[n] for n in METHOD_MODELS[method]}
-                t = tune_policy(
-                    dp,
-                    v_of(method, raw, slice(None)),
-                    fires,
-                    lam_value,
-                    min_turns=min_turns,
-                    strata=_strata(dp, per_run),
-                )
-                if final_tuned is None or t.score > final_tuned[1].score + 1e-12:
-                    final_tuned = (method, t)
-            if final_tuned is None or not final_tuned[1].deviates:
-                ship_model = False
-                notes.append(
-                    "tuned on every out-of-fold value, the learned policy never deviates from its base rule: "
-                    "the heuristic ships"
-                )
-        if ship_model and final_tuned is not None:
-            method, t = final_tuned
-            all_targets = dict(targets)
-            if c_target is not None:
-                all_targets["c"] = c_target
-            for name in sorted({*METHOD_MODELS[method], "g", "s"}):
-                rounds = max(1, round(float(np.mean([fo.iters[name] for fo in folds])) * 1.1))
-                booster, _ = trainer.train(all_targets[name], rows_all, None, rounds, self.seed)
-                models[name] = booster.model_to_string()
-                entries[name] = {
-                    "target": _TARGET_DOC[name],
-                    "objective": all_targets[name].objective,
-                    "rounds": rounds,
-                }
-                gains = booster.feature_importance(importance_type="gain")
-                total = float(gains.sum())
-                if total > 0:
-                    for fname, g in zip(FEATURE_NAMES, gains, strict=True):
-                        importance[fname] = importance.get(fname, 0.0) + float(g) / total / len(
-                            METHOD_MODELS[method]
-                        )
-            manifest = {
-                "kind": "model",
-                **self._value_manifest(method, dp, mean_cost, share, lam_value),
-                **_rule_fields(final_heur, t),
-                "models": entries,
-            }
-        else:
-            manifest = {
-                **final_heur.manifest(),
-                **{
-                    k_: v_
-                    for k_, v_ in self._value_manifest("heuristic", dp, mean_cost, share, lam_value).items()
-                },
-            }
-            manifest["method"] = "heuristic"
-        if bar is not None:
-            bar.update(1)
-        total_gain = sum(importance.values()) or 1.0
-        importance = dict(
-            sorted(((k_, v_ / total_gain) for k_, v_ in importance.items()), key=lambda kv: -kv[1])
-        )
-
-        # --------------------------------------------------------- in-sample replay of what ships
-        shipped = Policy.from_manifest(manifest, models, source="trained policy", engine=REPLAY_ENGINE)
-        in_rows = replay_decide(iter(source), dp, lambda i: [shipped], lam=arg_lam, cost_share=arg_share)[0]
-        in_sample = replay_rows(dp, in_rows, lam_value)
-        if bar is not None:
-            bar.update(1)
-            bar.close()
-
-        chosen = "learned" if ship_model else best_heur
-        never_stops = not ship_model and final_heur.rule.describe(dp.cost_unit).startswith("never stop")
-        if never_stops:
-            notes.append(
-                "THE SHIPPED POLICY NEVER STOPS A RUN ON ITS OWN: no tuned cap beat running to the end, so "
-                "only the safety nets (loop detector, quality_met, budgets) and the orchestrator's proposed "
-                "stops end runs"
-            )
-        guard: dict[str, Any] = {
-            "learned_cv_value": policies["learned"]["value"],
+        return {
+            "learned_cv_value": reps["learned"].mean_value,
             "best_heuristic": best_heur,
-            "best_heuristic_cv_value": policies[best_heur]["value"],
+            "best_heuristic_cv_value": reps[best_heur].mean_value,
             "difference": mean_diff,
             "difference_interval_90": [lower, upper],
             "lower_bound_quantile": GUARD_QUANTILE,
-            "n_groups": n_groups,
+            "n_groups": st.n_groups,
             "min_groups": self.min_groups,
-            "shipped": "learned model" if ship_model else f"heuristic {best_heur}",
-            "shipped_rule": final_heur.rule.describe(dp.cost_unit),
-            "in_sample_value": in_sample.mean_value,
-            "in_sample_replay": {
-                "labels_from_rewards": labels_from_rewards,
-                "lambda": arg_lam,
-                "cost_share": arg_share,
-            },
+            "ship": enough and lower >= 0.0 and mean_diff > 1e-12,
         }
-        cv: dict[str, Any] = {
-            "folds": k,
-            "group_by": group_by,
-            "groups": n_groups,
-            "lambda": lam_value,
-            "cost_share": share,
-            "policies": policies,
-            "best_heuristic": best_heur,
-            "by_dataset": by_dataset,
-            "fold_choices": fold_choice,
-        }
-        if final_tuned is not None:
-            cv["final_tuning"] = {"method": final_tuned[0], **_tuned_dict(final_tuned[1])}
-        manifest.update(
-            {
-                "feature_names": list(FEATURE_NAMES),
-                "features_used": list(used),
-                "guard": guard,
-                "training_data": fingerprint(dp),
-                "cv": cv,
-                "feature_importance": {k_: round(v_, 6) for k_, v_ in list(importance.items())[:20]},
-                "params": {**params, "max_rounds": self.max_rounds, "early_stopping": EARLY_STOPPING},
-                "labels_from_rewards": labels_from_rewards,
-                "group_by": group_by,
-                "notes": notes,
+
+    def _final(
+        self, st: _FitState, best_heur: str, *, ship: bool
+    ) -> tuple[dict[str, str], dict[str, Any], tuple[str, Tuned] | None, dict[str, float]]:
+        """What ships: final models tuned on the out-of-fold values, or the best heuristic."""
+        final_heur = st.heur_all[best_heur]
+        final_tuned = None
+        if ship:
+            final_tuned = self._tune(st, st.dp, st.oof, slice(None), final_heur.stop_mask(st.dp))
+            if final_tuned is None or not final_tuned[1].deviates:
+                ship = False
+                st.notes.append(
+                    "tuned on every out-of-fold value, the learned policy never deviates from its base rule: "
+                    "the heuristic ships"
+                )
+        if not ship or final_tuned is None:
+            manifest = {
+                **final_heur.manifest(),
+                **self._value_manifest("heuristic", st.dp, st.mean_cost, st.share, st.lam_value),
             }
-        )
-        manifest["model_version"] = _version(manifest)
-        self.dp_ = dp
-        self.manifest_ = manifest
-        self.models_ = models
-        self.cv_ = cv
-        self.guard_ = guard
-        self.chosen_ = chosen
-        self.importance_ = importance
-        self.notes_ = notes
-        self.timings_ = {"total_s": time.perf_counter() - t_start, "lightgbm_train_s": trainer.seconds}
-        return self
+            return {}, manifest, final_tuned, {}
+        method, t = final_tuned
+        targets = {**st.targets, **({"c": st.c_target} if st.c_target is not None else {})}
+        models: dict[str, str] = {}
+        entries: dict[str, dict[str, Any]] = {}
+        gain = np.zeros(len(FEATURE_NAMES))
+        rows_all = np.arange(st.dp.n_rows, dtype=np.int64)
+        for name in sorted({*METHOD_MODELS[method], "g", "s"}):
+            rounds = max(1, round(float(np.mean([fo.iters[name] for fo in st.folds])) * 1.1))
+            booster, _ = st.trainer.train(targets[name], rows_all, None, rounds, self.seed)
+            models[name] = booster.model_to_string()
+            entries[name] = {
+                "target": _TARGET_DOC[name],
+                "objective": targets[name].objective,
+                "transform": targets[name].transform,
+                "rounds": rounds,
+            }
+            g = booster.feature_importance(importance_type="gain")
+            if float(g.sum()) > 0:
+                gain += g / float(g.sum())
+        if st.bar is not None:
+            st.bar.update(1)
+        share = gain / gain.sum() if gain.sum() > 0 else gain
+        importance = dict(sorted(zip(FEATURE_NAMES, share.tolist(), strict=True), key=lambda kv: -kv[1]))
+        manifest = {
+            "kind": "model",
+            **self._value_manifest(method, st.dp, st.mean_cost, st.share, st.lam_value),
+            **_rule_fields(final_heur, t),
+            "models": entries,
+        }
+        return models, manifest, final_tuned, importance
 
     def _value_manifest(
         self, method: str, dp: DecisionPoints, mean_cost: float, share: float | None, lam_value: float
@@ -850,12 +932,6 @@ def _strata(dp: DecisionPoints, per_run: bool) -> IntArray | None:
         return None
     _, inverse = np.unique(dp.dataset, return_inverse=True)
     return np.asarray(inverse, dtype=np.int64)
-
-
-def _tune_all(dp: DecisionPoints, lam: float, per_run: bool) -> dict[str, TunedHeuristic]:
-    from stopserve.training.heuristics import tune_heuristics
-
-    return tune_heuristics(dp, lam, min_turns=1, transferable=per_run)
 
 
 def _rule_fields(base: TunedHeuristic, tuned: Tuned) -> dict[str, Any]:

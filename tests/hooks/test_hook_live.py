@@ -1,7 +1,8 @@
 """The hook end to end: ``python -m stopserve hook claude-code|codex`` run as the harness runs
 it (hook JSON on stdin, a transcript that grows between calls) against a REAL service on
 loopback, started with ``--no-model``: the default safety nets alone (``SafetyConfig()``:
-the loop detector on, ``min_turns`` 2), so nothing here depends on the served model."""
+the loop detector on) with ``min_turns`` 2, as a team that wants every run verified before it
+ends would set (``STOPSERVE_SAFETY``), so nothing here depends on the served model."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ ALWAYS_GO_ON = ("--safety", '{"min_turns": 50}')  # a policy that wants every st
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with LiveServer(log_dir=tmp_path_factory.mktemp("service-logs"), no_model=True) as live:
+    verify = {"STOPSERVE_SAFETY": '{"min_turns": 2}'}  # a premature (one-step) stop is refused
+    with LiveServer(log_dir=tmp_path_factory.mktemp("service-logs"), no_model=True, env=verify) as live:
         yield live
 
 

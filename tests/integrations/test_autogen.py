@@ -18,6 +18,7 @@ from autogen_agentchat.messages import (
     TextMessage,
     ToolCallExecutionEvent,
     ToolCallRequestEvent,
+    ToolCallSummaryMessage,
 )
 from autogen_agentchat.teams import RoundRobinGroupChat
 from autogen_core import FunctionCall
@@ -76,17 +77,35 @@ def test_message_mapping() -> None:
     )
     text = TextMessage(source="user", content="fix the bug")
     handoff = HandoffMessage(source="coder", target="critic", content="please review")
-    events = events_from_messages([text, req, res, handoff], clock)
-    assert [e.type for e in events] == ["communicate", "tool_use", "tool_use", "return", "return", "delegate"]
+    reply = TextMessage(source="critic", content="looks good")
+    summary = ToolCallSummaryMessage(source="coder", content="ok", tool_calls=[], results=[])
+    events = events_from_messages([text, req, res, handoff, reply, summary], clock)
+    assert [e.type for e in events] == [
+        "communicate",  # the task
+        "tool_use",
+        "tool_use",
+        "return",
+        "return",
+        "delegate",  # the handoff, then the end of the agent's turn
+        "return",
+        "return",  # a reply: the agent hands its turn back
+        "communicate",  # a tool call's summary: its results were the turn
+    ]
     assert events[0].role == "human"
     assert [e.tokens for e in events[1:3]] == [10, None]  # usage counted once per model call
     assert [e.tool for e in events[1:5]] == ["ls", "cat", "ls", "cat"]
     assert [e.error for e in events[3:5]] == [False, True]
     assert events[5].to == "critic"
-    assert len({e.id for e in events}) == 6
+    assert events[6].agent == "coder" and events[6].content_ref is None  # handoff text is boilerplate
+    assert events[7].agent == "critic" and events[7].content_ref is not None
+    assert events[8].content_ref is None  # a summary repeats results already counted
+    assert len({e.id for e in events}) == len(events)
     assert [e.t for e in events] == sorted(e.t for e in events)
     # the same messages again map to the same ids: a retried call is idempotent
     assert [e.id for e in events_from_messages([req], RunClock())] == [e.id for e in events[1:3]]
+    # the earlier mapping, on request: replies are communicate, a handoff is a bare delegate
+    old = events_from_messages([text, handoff, reply], RunClock(), replies_as_turns=False)
+    assert [e.type for e in old] == ["communicate", "delegate", "communicate"]
 
 
 def test_team_stops_when_the_service_says_so(server: LiveServer) -> None:
@@ -110,6 +129,9 @@ def test_team_stops_when_the_service_says_so(server: LiveServer) -> None:
     trace = next(t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == stop.last_run_id)
     assert trace.task_id == "fix-bug" and trace.rewards == {"team": 1.0}
     assert [e.type for e in trace.events].count("return") == 2
+    # the task and both tool-call summaries: the last one was held after the last decision
+    # point and went with the outcome
+    assert [e.type for e in trace.events].count("communicate") == 3
     assert (
         trace.stop is not None and trace.stop.reason == "budget_exhausted" and trace.stop.by == "safety_net"
     )
@@ -176,18 +198,19 @@ def test_text_only_team_counts_replies_as_turns(server: LiveServer) -> None:
         replies = [f"{name} draft {i}" for i in range(10)]
         return AssistantAgent(name, model_client=ReplayChatCompletionClient(replies))
 
-    plain = StopServeTermination(server.url, safety={"max_turns": 2}, timeout=2.0)
-    turns = StopServeTermination(server.url, safety={"max_turns": 2}, timeout=2.0, replies_as_turns=True)
+    turns = StopServeTermination(server.url, safety={"max_turns": 2}, timeout=2.0)  # the default
+    plain = StopServeTermination(server.url, safety={"max_turns": 2}, timeout=2.0, replies_as_turns=False)
 
     async def main(cond: TerminationCondition) -> TaskResult:
         team = RoundRobinGroupChat([writer("writer"), writer("critic")], termination_condition=cond)
         return await team.run(task="write a haiku")
 
-    # text messages are communicate: no decision point, max_turns never fires; the outer net does
+    # the earlier mapping: text messages are communicate, no decision point, max_turns never
+    # fires; the outer net does
     result = asyncio.run(main(plain | MaxMessageTermination(6)))
     assert result.stop_reason is not None and "Maximum number of messages" in result.stop_reason
     result = asyncio.run(main(turns | MaxMessageTermination(6)))
     assert result.stop_reason is not None and "max_turns" in result.stop_reason
     assert [m.source for m in result.messages] == ["user", "writer", "critic"]
-    events = events_from_messages(result.messages, RunClock(), replies_as_turns=True)
+    events = events_from_messages(result.messages, RunClock())
     assert [e.type for e in events] == ["communicate", "return", "return"]

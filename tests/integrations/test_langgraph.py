@@ -82,6 +82,11 @@ def test_message_mapping() -> None:
     assert [e.tool for e in events[1:]] == ["ls", "cat", "ls", "cat"]
     assert [e.error for e in events[3:]] == [False, True]
     assert events_from_messages(messages, RunClock(), seen) == []  # only new messages are mapped
+    # a reply without tool calls: its node hands the turn back (a decision point)
+    answer = AIMessage(content="fixed", id="z", name="coder")
+    assert [(e.type, e.agent) for e in events_from_messages([answer], RunClock())] == [("return", "coder")]
+    old = events_from_messages([answer], RunClock(), replies_as_turns=False)
+    assert [e.type for e in old] == ["communicate"]  # the earlier mapping, on request
 
 
 def test_graph_ends_when_the_service_says_stop(server: LiveServer) -> None:
@@ -109,7 +114,8 @@ def test_router_defers_to_tools_condition_when_continuing(server: LiveServer) ->
     state = graph.invoke({"messages": [HumanMessage(content="go")]})  # no thread id: first message id
     assert state["messages"][-1].content == "done"  # the model's own answer ended the run
     decision = router.decision(state)
-    assert decision is not None and decision.action == "continue" and decision.turn == 3
+    # three tool results and the final answer (the agent node hands its turn back)
+    assert decision is not None and decision.action == "continue" and decision.turn == 4
 
 
 def test_async_graph(server: LiveServer) -> None:
@@ -143,3 +149,34 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
     message = final["stopserve"]["messages"][-1]
     assert "max_turns" in message.content and "degraded" in message.content
     assert message.response_metadata["stopserve"]["degraded"] is True
+
+
+def test_router_asks_only_at_decision_points(server: LiveServer) -> None:
+    """The first routing (task + first tool call) asks nothing; later ones ask at the tool
+    result, holding the next tool call back; the outcome delivers what is still held."""
+    router = StopServeRouter(server.url, safety={"max_turns": 2}, timeout=2.0)
+    alone = {"configurable": {"thread_id": "lg-first-call"}}
+    first = {"messages": [HumanMessage(content="go", id="h"), scripted(1).invoke([])]}
+    assert router(first, alone) == "tools"
+    assert router.decision(config=alone) is None  # no decision point yet: nothing asked
+    config = {"configurable": {"thread_id": "lg-points"}, "recursion_limit": 20}
+    state = build(router).invoke({"messages": [HumanMessage(content="go")]}, config)
+    d = router.decision(config=config)
+    assert d is not None and d.action == "stop" and d.turn == 2
+    assert state["messages"][-1].tool_calls  # the held request was never run
+    assert router.outcome({"team": 0.0}, config=config) is not None
+    trace = next(
+        t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == "langgraph-lg-points"
+    )
+    types = [e.type for e in trace.events]
+    assert types.count("return") == 2 and types[-1] == "tool_use"  # the held call, sent with the outcome
+
+
+def test_stop_at_the_final_answer_keeps_it_last(server: LiveServer) -> None:
+    router = StopServeRouter(server.url, safety={"max_turns": 1}, timeout=2.0, on_stop="stopserve")
+    graph = build(router, n=0, with_stop_node=True)  # the model answers at once
+    config = {"configurable": {"thread_id": "lg-final"}}
+    state = graph.invoke({"messages": [HumanMessage(content="hi")]}, config)
+    d = router.decision(config=config)
+    assert d is not None and d.action == "stop" and d.turn == 1  # the answer was a turn
+    assert state["messages"][-1].content == "done"  # the graph ended on its own answer

@@ -140,3 +140,63 @@ def test_raising_in_a_hook_is_not_a_clean_stop() -> None:
 
     with pytest.raises(UserError, match="stop now"):
         asyncio.run(Runner.run(make_agent(ScriptedModel(n=5)), "x", hooks=Raising(), run_config=RUN_CONFIG))
+
+
+class Handing(Model):
+    """Hands off to ``to`` while that handoff is offered, else answers ``answer``."""
+
+    def __init__(self, to: str | None, answer: str, text: str = "") -> None:
+        self.to, self.answer, self.text = to, answer, text
+        self.calls = 0
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        self.calls += 1
+        offered = [h.tool_name for h in kwargs.get("handoffs") or []]
+        usage = Usage(requests=1, input_tokens=10, output_tokens=5, total_tokens=15)
+        if self.to is not None and self.to in offered:
+            items = [assistant_message(self.text)] if self.text else []
+            output = [*items, function_call(self.to, {}, call_id=f"{self.to}-{self.calls}")]
+        else:
+            output = [assistant_message(self.answer)]
+        return ModelResponse(output=output, usage=usage, response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise NotImplementedError("not streamed in these tests")
+
+
+def test_every_model_response_is_a_decision_point(server: LiveServer) -> None:
+    """A bare handoff, then a text answer: each response ends with a ``return``."""
+    hooks = StopServeHooks(server.url, safety={"max_turns": 50}, timeout=2.0)
+    coder = Agent(name="coder", model=Handing(None, "fixed"))
+    triage = hooks.attach(Agent(name="triage", model=Handing("transfer_to_coder", "?"), handoffs=[coder]))
+
+    async def main() -> Any:
+        result = await Runner.run(triage, "x", hooks=hooks, run_config=RUN_CONFIG)
+        await hooks.outcome({"team": 1.0})
+        return result
+
+    result = asyncio.run(main())
+    assert result.final_output == "fixed"
+    assert hooks.last_decision is not None and hooks.last_decision.turn == 2
+    trace = next(t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == hooks.last_run_id)
+    assert [(e.type, e.agent, e.to) for e in trace.events] == [
+        ("delegate", "triage", "coder"),
+        ("return", "triage", None),  # a bare handoff: no content (it is the same every time)
+        ("return", "coder", None),  # the answer: the agent hands its turn back
+    ]
+    assert trace.events[1].content_ref is None and trace.events[2].content_ref is not None
+
+
+def test_a_stop_disables_handoffs_so_the_run_ends_cleanly(server: LiveServer) -> None:
+    """Two agents handing the task back and forth forever: after the stop the next one answers."""
+    hooks = StopServeHooks(server.url, safety={"max_turns": 3}, timeout=2.0)
+    a = Agent(name="a", model=Handing("transfer_to_b", "a answers", text="over to b"))
+    b = Agent(name="b", model=Handing("transfer_to_a", "b answers", text="over to a"))
+    a.handoffs, b.handoffs = [b], [a]
+    result = asyncio.run(Runner.run(hooks.attach(a), "x", hooks=hooks, max_turns=20, run_config=RUN_CONFIG))
+    assert hooks.stop_decision is not None and hooks.stop_decision.safety_net == "max_turns"
+    assert hooks.stop_decision.turn == 3
+    assert result.final_output == "b answers"  # a, b, a handed off; b could not: it answered
+    # without attach the same agents run into the SDK's own cap, an exception
+    with pytest.raises(MaxTurnsExceeded):
+        asyncio.run(Runner.run(a, "x", max_turns=5, run_config=RUN_CONFIG))

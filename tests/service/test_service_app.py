@@ -189,14 +189,15 @@ def test_lru_eviction_and_idle_ttl(tmp_path: Path) -> None:
     with make_client(tmp_path, max_runs=2) as c:
         for rid in ("a", "b", "c"):
             assert c.post(f"/v1/runs/{rid}/decide", json={"events": [ev(0)]}).status_code == 200
-        assert c.get("/v1/runs/a").status_code == 404  # least recently used went
+        a = c.get("/v1/runs/a")  # the least recently used went, and the service says so
+        assert a.status_code == 409 and a.json()["error"]["type"] == "run_evicted"
         assert c.get("/v1/runs/b").status_code == 200
         assert 'stopserve_evictions_total{cause="lru"} 1.0' in c.get("/metrics").text
     with make_client(tmp_path, run_ttl_s=0.05) as c:
         c.post("/v1/runs/idle/decide", json={"events": [ev(0)]})
         threading.Event().wait(0.2)
         r = c.get("/v1/runs/idle")
-        assert r.status_code == 404 and r.json()["error"]["type"] == "run_not_found"
+        assert r.status_code == 409 and r.json()["error"]["type"] == "run_evicted"
 
 
 def test_delete(client: TestClient) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stopserve.features import RunState
-from stopserve.service.store import MemoryRunStore, Run
+from stopserve.service.store import Evicted, MemoryRunStore, Run
 
 
 class Clock:
@@ -26,7 +26,7 @@ def test_lru_evicts_least_recently_used() -> None:
     assert store.get("a") is not None  # a is now the most recent
     store.add(run("c"))
     assert gone == [("b", "lru")]
-    assert store.get("b") is None and store.get("a") is not None and len(store) == 2
+    assert isinstance(store.get("b"), Evicted) and isinstance(store.get("a"), Run) and len(store) == 2
 
 
 def test_idle_ttl_on_get_and_sweep() -> None:
@@ -39,7 +39,7 @@ def test_idle_ttl_on_get_and_sweep() -> None:
         store.add(run(rid))
         clock.now += 2
     # now = 6: a idle 6 s, b 4 s, c 2 s
-    assert store.get("a") is None
+    assert isinstance(store.get("a"), Evicted)
     assert store.sweep() == 0
     clock.now = 9.5  # b idle 7.5, c idle 5.5
     assert store.sweep() == 2
@@ -52,5 +52,5 @@ def test_get_refreshes_idle_time() -> None:
     store.add(run("a"))
     for _ in range(5):
         clock.now += 4
-        assert store.get("a") is not None
+        assert isinstance(store.get("a"), Run)
     assert store.pop("a") is not None and store.pop("a") is None

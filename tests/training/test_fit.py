@@ -230,3 +230,26 @@ def test_min_turns_and_margins_recorded(fitted: PolicyLearner) -> None:
     assert stop is None or math.isfinite(stop)
     assert cont is None or math.isfinite(cont)
     assert stop is not None or cont is not None  # a shipped model deviates from its rule somewhere
+
+
+def test_each_model_declares_how_its_raw_score_is_read(traces: list[Trace]) -> None:
+    from stopserve.training.fit import _targets
+
+    # grades in [0, 1]: S is a probability (cross-entropy, read through a sigmoid)
+    assert _targets(build_decision_points(traces[:20]))["s"].transform == "sigmoid"
+    # grades outside [0, 1] (a noisy verifier): S is a regression, read as it is
+    rng = random.Random(7)
+    wide = [
+        step_trace(f"w{i}", f"t{i}", 6, grades=[rng.uniform(-0.2, 1.2) for _ in range(6)], team=None)
+        for i in range(10)
+    ]
+    assert _targets(build_decision_points(wide))["s"].transform == "identity"
+    raw = np.array([-1.0, 0.0, 2.0])
+    sig = Policy.from_manifest({"kind": "none", "models": {"s": {"transform": "sigmoid"}}})
+    ident = Policy.from_manifest({"kind": "none", "models": {"s": {"transform": "identity"}}})
+    assert sig._post("s", raw) == pytest.approx(1 / (1 + np.exp(-raw)))
+    assert ident._post("s", raw) == pytest.approx(raw)
+    # the shipped entries say it too
+    learner = PolicyLearner(lam=2.0, method="behavior", **FAST).fit(traces[:60])
+    if learner.models_:
+        assert learner.manifest_["models"]["s"]["transform"] == "sigmoid"

@@ -1,0 +1,99 @@
+"""The stuck loop through AutoGen, with StopServeTermination given nothing but the URL.
+
+Two teams: one agent calling the same tool with the same result every turn, and the docs'
+own text-only ``RoundRobinGroupChat([coder, critic], ...)`` where the critic gives the same
+reply every time. Both must end with "loop" in ``TaskResult.stop_reason``, service up
+(default model) or down (local fallback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from scenario_runs import LOOP_TURNS, TOKENS_PER_TURN, Service
+
+pytest.importorskip("autogen_agentchat")
+
+from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.base import TaskResult
+from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.teams import RoundRobinGroupChat
+from autogen_core import FunctionCall
+from autogen_core.models import CreateResult, ModelFamily, ModelInfo, RequestUsage
+from autogen_ext.models.replay import ReplayChatCompletionClient
+
+from stopserve.integrations.autogen import StopServeTermination
+
+MODEL_INFO = ModelInfo(
+    vision=False,
+    function_calling=True,
+    json_output=False,
+    family=ModelFamily.UNKNOWN,
+    structured_output=False,
+)
+USAGE = RequestUsage(prompt_tokens=TOKENS_PER_TURN - 300, completion_tokens=300)
+OUTER_NET = 100  # messages: reached only if stopserve never stops the team
+
+
+def run_tests(path: str) -> str:
+    """Run the test suite at path."""
+    return f"FAILED {path}::test_parse - AssertionError"
+
+
+def same_call(i: int) -> CreateResult:
+    return CreateResult(
+        finish_reason="function_calls",
+        content=[FunctionCall(id=f"call{i}", name="run_tests", arguments='{"path": "tests/test_utils.py"}')],
+        usage=USAGE,
+        cached=False,
+    )
+
+
+def text(content: str) -> CreateResult:
+    return CreateResult(finish_reason="stop", content=content, usage=USAGE, cached=False)
+
+
+def run(team: RoundRobinGroupChat, stop: StopServeTermination) -> TaskResult:
+    async def main() -> TaskResult:
+        try:
+            return await team.run(task="Fix the failing test in utils.py")
+        finally:
+            await stop.aclose()
+
+    return asyncio.run(main())
+
+
+def check(result: TaskResult, stop: StopServeTermination, service: Service) -> None:
+    decision = stop.last_decision
+    assert result.stop_reason is not None and "loop" in result.stop_reason, (
+        f"not stopped as a loop: {result.stop_reason!r}; last decision {decision}"
+    )
+    assert decision is not None and decision.action == "stop" and decision.pattern is not None
+    assert decision.reason in ("loop_detected", "no_progress")
+    assert decision.turn <= LOOP_TURNS, decision
+    assert decision.degraded is service.down, decision
+    print(f"\n{result.stop_reason}")
+
+
+def test_tool_loop(service: Service) -> None:
+    model = ReplayChatCompletionClient([same_call(i) for i in range(60)], model_info=MODEL_INFO)
+    coder = AssistantAgent("coder", model_client=model, tools=[run_tests])
+    stop = StopServeTermination(service.url)  # nothing but the URL
+    team = RoundRobinGroupChat([coder], termination_condition=stop | MaxMessageTermination(OUTER_NET))
+    result = run(team, stop)
+    check(result, stop, service)
+
+
+def test_text_only_team_where_the_critic_repeats_itself(service: Service) -> None:
+    coder_model = ReplayChatCompletionClient([text(f"def parse(s):  # draft {i}") for i in range(60)])
+    critic_model = ReplayChatCompletionClient([text("Please handle the empty string.") for _ in range(60)])
+    coder = AssistantAgent("coder", model_client=coder_model)
+    critic = AssistantAgent("critic", model_client=critic_model)
+    stop = StopServeTermination(service.url)  # nothing but the URL
+    team = RoundRobinGroupChat([coder, critic], termination_condition=stop | MaxMessageTermination(OUTER_NET))
+    result = run(team, stop)
+    check(result, stop, service)
+    assert stop.last_decision is not None and stop.last_decision.pattern == "repeated_reply"
+    # the critic's third identical reply: user, coder, critic, coder, critic, coder, critic
+    assert [m.source for m in result.messages][-1] == "critic"

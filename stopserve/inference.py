@@ -25,8 +25,10 @@ The engine: ``"auto"`` (the default: compiled when possible, else LightGBM),
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
+import io
 import json
 import logging
 import os
@@ -361,20 +363,25 @@ def _build_one(text: bytes, target: Path, writable: bool) -> tuple[ctypes.CDLL, 
     with tempfile.TemporaryDirectory(prefix="stopserve-tl2cgen-") as tmp:
         src = Path(tmp) / "model.txt"
         src.write_bytes(text)  # the verified text: the model folder may have changed since
-        model = treelite.frontend.load_lightgbm_model(str(src))
+        said = io.StringIO()  # Treelite and TL2cgen log with print(): keep stdout for the caller (--json)
+        with contextlib.redirect_stdout(said):
+            model = treelite.frontend.load_lightgbm_model(str(src))
         # built under a private name in the cache folder, then renamed into place
         where = target.parent if writable else Path(tmp)
         fd, part = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=where)
         os.close(fd)
         try:
-            tl2cgen.export_lib(
-                model,
-                toolchain="gcc",
-                libpath=part,
-                params={"parallel_comp": max(1, min(4, os.cpu_count() or 1))},
-                nthread=os.cpu_count() or 1,
-                options=list(_BUILD_OPTIONS),
-            )
+            with contextlib.redirect_stdout(said):
+                tl2cgen.export_lib(
+                    model,
+                    toolchain="gcc",
+                    libpath=part,
+                    params={"parallel_comp": max(1, min(4, os.cpu_count() or 1))},
+                    nthread=os.cpu_count() or 1,
+                    options=list(_BUILD_OPTIONS),
+                )
+            for line in said.getvalue().splitlines():
+                _log.debug("tl2cgen: %s", line)
             if not writable:
                 return _load(Path(part)), "memory"  # a loaded library outlives its file
             blob = Path(part).read_bytes()

@@ -206,11 +206,15 @@ def _fresh_load(mdir: Path, cache: Path, **kw: Any) -> dict[str, Any]:
 
 
 @needs_compiler
-def test_cache_is_written_once_then_read_and_a_corrupt_entry_is_rebuilt(tmp_path: Path) -> None:
+def test_cache_is_written_once_then_read_and_a_corrupt_entry_is_rebuilt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     mdir = _small_model_dir(tmp_path)
     cache = tmp_path / "cache"
+    capsys.readouterr()
     first = _fresh_load(mdir, cache)
     assert (first["engine"], first["cache"]) == ("tl2cgen", "written")
+    assert capsys.readouterr().out == "", "a build prints nothing on stdout (stopserve evaluate --json)"
     objects = sorted((cache / "tl2cgen").glob("*.so"))
     assert len(objects) == 2  # g and k
     assert sorted(p.name for p in (cache / "tl2cgen").iterdir()) == sorted(

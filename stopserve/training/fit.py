@@ -66,7 +66,7 @@ from stopserve.training.heuristics import (
     tune_heuristics,
 )
 from stopserve.training.labels import DecisionPoints, build_decision_points
-from stopserve.training.replay import replay_decide, replay_rows
+from stopserve.training.replay import REPLAY_ENGINE, replay_decide, replay_rows
 from stopserve.training.tuning import Tuned, learned_mask, tune_policy
 
 __all__ = [
@@ -115,11 +115,6 @@ EARLY_STOPPING: Final = 30
 MAX_IPW: Final = 20.0
 #: Passes of fitted backward induction for ``method="optimal"``.
 OPTIMAL_PASSES: Final = 3
-#: The trainer's own replays (each fold's policy, the in-sample one) use LightGBM's predict: they
-#: decide each run only until its first stop, tens of thousands of rows once, and compiling each
-#: fold's boosters would cost more (seconds per model) than it saves. The scores are the same to
-#: the last bit either way (tests/test_inference.py); the policy a user loads is compiled.
-REPLAY_ENGINE: Final = "lightgbm"
 #: The turn-equivalent cost-to-go target is clipped here (a first turn that cost nothing).
 MAX_K_TURNS: Final = 1000.0
 METHODS: Final = ("behavior", "optimal")

@@ -4,8 +4,10 @@
 Each timed call folds one fresh decision-point event into a RunState already holding
 N events and asks the policy. Safety nets are configured wide open so the model path
 is what is timed (a budget stop would short-circuit it). Baseline in the same run:
-the same loop with ``Policy.safety_only()`` (no model). Target: <= 50 µs median at
-1,000 events, flat from 10 to 100,000.
+the same loop with ``Policy.safety_only()`` (no model), and the model with LightGBM's
+predict instead of the compiled boosters (``engine="lightgbm"``, the fallback). Target:
+<= 50 µs median at 1,000 events, flat from 10 to 100,000. The profile of the model row
+at 1,000 events is always printed (pyinstrument).
 """
 
 from __future__ import annotations
@@ -45,8 +47,14 @@ def _prefix(n: int) -> list[Any]:
     return [Event.model_validate(d) for d in event_dicts(n, seed=n, prefix="p")]
 
 
-def measure(features: ModuleType, policy: Any, safety: Any, n_prefix: int, iters: int) -> dict[str, Any]:
-    """Latencies (µs) of fold-one-event + decide on runs holding ``n_prefix`` events."""
+def measure(
+    features: ModuleType, policy: Any, safety: Any, n_prefix: int, iters: int, *, profile: bool = False
+) -> dict[str, Any]:
+    """Latencies (µs) of fold-one-event + decide on runs holding ``n_prefix`` events.
+
+    ``profile``: run the timed loop (only it, not the set-up) under pyinstrument and return
+    its call tree as ``profile``.
+    """
     from stopserve.trace import Event
 
     prefix = _prefix(n_prefix)
@@ -73,18 +81,24 @@ def measure(features: ModuleType, policy: Any, safety: Any, n_prefix: int, iters
     features_only: list[float] = []
     actions: dict[str, int] = {}
     clock = time.perf_counter_ns
+
+    def loop() -> None:
+        for i in range(iters):
+            st = states[i // per_state]
+            ev = fresh[i]
+            t0 = clock()
+            st.fold(ev)
+            t1 = clock()
+            dec = policy.decide(st, safety=safety)
+            t2 = clock()
+            total.append((t2 - t0) / 1e3)
+            decide_only.append((t2 - t1) / 1e3)
+            actions[dec.action] = actions.get(dec.action, 0) + 1
+
     cpu0 = time.thread_time_ns()
-    for i in range(iters):
-        st = states[i // per_state]
-        ev = fresh[i]
-        t0 = clock()
-        st.fold(ev)
-        t1 = clock()
-        dec = policy.decide(st, safety=safety)
-        t2 = clock()
-        total.append((t2 - t0) / 1e3)
-        decide_only.append((t2 - t1) / 1e3)
-        actions[dec.action] = actions.get(dec.action, 0) + 1
+    prof = profile_text(loop, max_lines=60) if profile else None
+    if not profile:
+        loop()
     cpu_us = (time.thread_time_ns() - cpu0) / 1e3 / iters
     for i in range(min(iters, 2000)):
         st = states[i // per_state]
@@ -101,6 +115,7 @@ def measure(features: ModuleType, policy: Any, safety: Any, n_prefix: int, iters
         "decide_p50_us": median(decide_only),
         "features_p50_us": median(features_only),
         "actions": actions,
+        "profile": prof,
     }
 
 
@@ -133,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         loaded = policy_mod.Policy.load(mdir)
         policies.append(("model" if loaded.kind == "model" else f"model dir of kind {loaded.kind}", loaded))
         sec.add(f"Model: {how}; kind `{policies[0][1].kind}`, version `{policies[0][1].model_version}`.", "")
+        info = getattr(loaded, "inference", None)
+        if info is not None:
+            sec.data["inference"] = info
+            sec.add(f"Inference (`Policy.inference`): engine `{info['engine']}`: {info['detail']}.", "")
+            if info["engine"] != "lightgbm" and args.size != "tiny":
+                fallback = policy_mod.Policy.load(mdir, engine="lightgbm")
+                policies.append(("model, LightGBM fallback (`STOPSERVE_INFERENCE=lightgbm`)", fallback))
     shipped = ROOT / "models" / "default"
     if args.size != "tiny" and mdir != shipped and (shipped / "manifest.json").is_file():
         try:
@@ -207,9 +229,10 @@ def main(argv: list[str] | None = None) -> int:
                 met,
             )
         )
-        if met is False:
+        if policies[0][0] == "model" and args.size != "tiny":
             pol = policies[0][1]
-            prof = profile_text(lambda: measure(features, pol, safety, 1_000, max(iters // 4, 100)))
+            prof = measure(features, pol, safety, 1_000, max(iters // 4, 100), profile=True)["profile"]
+            sec.data["profile"] = prof
             sec.add(*details("profile of fold + decide at 1,000 events (pyinstrument)", prof))
     if 10 in at and 100_000 in at:
         ratio = at[100_000]["p50_us"] / at[10]["p50_us"]

@@ -27,6 +27,7 @@ from _common import BENCH, ROOT, command_line, machine
 #: (script, timeout in seconds for the full size); quick and tiny sizes get less.
 SECTIONS: list[tuple[str, int]] = [
     ("bench_featurize.py", 600),
+    ("bench_inference.py", 600),
     ("bench_decide.py", 900),
     ("bench_train.py", 1800),
     ("bench_quality.py", 1800),

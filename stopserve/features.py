@@ -892,20 +892,13 @@ class RunState:
         reward value and error flag), counted only when the stretch holds a content ref
         and is not a single action with its result (``repeated_action_observation``).
         """
-        if pattern == "repeated_action_observation":
-            return self._same_res_run
-        if pattern == "repeated_action_error":
-            return self._same_err_run
-        if pattern == "monologue":
-            return self._mono_run
-        if pattern == "alternating_actions":
-            return self._alt_len
-        if pattern == "repeated_cycle":
-            return self._cycle_repeats()
-        if pattern == "repeated_reply":
-            agent = self._reply_agent
-            return 0 if agent is None else self._reply_run.get(agent, 0)
-        raise KeyError(pattern)
+        # one dict lookup: the nets ask for every pattern at every decision
+        run: int = _LOOP_RUN[pattern](self)
+        return run
+
+    def _reply_repeats(self) -> int:
+        agent = self._reply_agent
+        return 0 if agent is None else self._reply_run.get(agent, 0)
 
     def _cycle_repeats(self) -> int:
         """Full repeats of the current cycle; 0 unless some event in it carries a content ref."""
@@ -993,6 +986,16 @@ class RunState:
         run = self.loop_run(pattern)
         pairs = list(self._pairs)[-run:] if run else []
         return [eid for pair in pairs for eid in pair[3]]
+
+
+_LOOP_RUN: Final[dict[str, Callable[[RunState], int]]] = {
+    "repeated_action_observation": operator.attrgetter("_same_res_run"),
+    "repeated_action_error": operator.attrgetter("_same_err_run"),
+    "monologue": operator.attrgetter("_mono_run"),
+    "alternating_actions": operator.attrgetter("_alt_len"),
+    "repeated_cycle": RunState._cycle_repeats,
+    "repeated_reply": RunState._reply_repeats,
+}
 
 
 # ---------------------------------------------------------------------- serialization helpers

@@ -114,6 +114,25 @@ def cost_so_far(state: RunState, unit: str) -> float:
     return state.tokens / 1000.0
 
 
+def _at_least(x: Any, lo: float) -> Any:
+    """``np.maximum(x, lo)``: on arrays through numpy, on one row's numbers through ``max``.
+
+    Numpy's ufuncs cost about a microsecond on a Python float; the decide path calls a few
+    per decision. Both keep NaN.
+    """
+    return np.maximum(x, lo) if isinstance(x, np.ndarray) else max(x, lo)
+
+
+def _logistic(z: Any) -> Any:
+    """``1 / (1 + exp(-z))``, on arrays through numpy, on one number through ``math``."""
+    if isinstance(z, np.ndarray):
+        return 1.0 / (1.0 + np.exp(-z))
+    try:
+        return 1.0 / (1.0 + math.exp(-z))
+    except OverflowError:  # exp(-z) is inf: numpy's answer
+        return 0.0
+
+
 def cost_weight(
     k_turns: Any,
     turn: Any,
@@ -130,14 +149,15 @@ def cost_weight(
     numpy arrays alike: the decide path and the trainer's replays share this one
     definition. See the module docstring for the three modes.
     """
-    per_turn = cost / np.maximum(turn, 1)
+    turns = _at_least(turn, 1)
+    per_turn = cost / turns
     cost_to_go = per_turn * k_turns
     if lam is not None:
         return lam * cost_to_go, cost_to_go
     share = 0.0 if cost_share is None else cost_share
     if mean_cost is not None:
         return share / mean_cost * cost_to_go if mean_cost > 0 else 0.0 * cost_to_go, cost_to_go
-    return share * k_turns / (np.maximum(turn, 1) + k_turns), cost_to_go
+    return share * k_turns / (turns + k_turns), cost_to_go
 
 
 # --------------------------------------------------------------------------- policy
@@ -164,6 +184,9 @@ class Policy:
         manifest: dict[str, Any] | None = None,
         rule: SafetyConfig | None = None,
         boosters: Mapping[str, Any] | None = None,
+        texts: Mapping[str, str] | None = None,
+        engine: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         manifest = manifest or {}
         self.kind = kind
@@ -208,26 +231,60 @@ class Policy:
                     f"method {self.method!r} needs models {', '.join(needed)}; missing {', '.join(missing)}"
                 )
             # only the boosters the method reads are evaluated per decision
-            self._forest = Forest({n: boosters[n] for n in needed}, len(FEATURE_NAMES))
+            self._forest = Forest(
+                {n: boosters[n] for n in needed},
+                len(FEATURE_NAMES),
+                texts=texts,
+                engine=engine,
+                cache_dir=cache_dir,
+            )
             self._index = {n: i for i, n in enumerate(self._forest.names)}
             # every booster the model carries (e.g. S for a run's value), for offline readers
             self.boosters = dict(boosters)
+            # how decisions are computed, served with the manifest (GET /v1/model); not in the file
+            self.manifest = {**manifest, "inference": self._forest.info.to_dict()}
 
     # ----------------------------------------------------------------- construction
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike[str]) -> Policy:
-        """Load and verify a model directory (sha256 of every file, feature names)."""
-        return cls.from_artifact(load_model_dir(model_dir))
+    def load(
+        cls,
+        model_dir: str | os.PathLike[str],
+        *,
+        engine: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> Policy:
+        """Load and verify a model directory (sha256 of every file, feature names).
+
+        ``engine`` and ``cache_dir`` choose how single rows are evaluated and where
+        compiled code is cached (:class:`stopserve.inference.Forest`; default
+        ``$STOPSERVE_INFERENCE``, ``$STOPSERVE_CACHE_DIR``); :attr:`inference` says
+        what was used.
+        """
+        return cls.from_artifact(load_model_dir(model_dir), engine=engine, cache_dir=cache_dir)
 
     @classmethod
-    def from_artifact(cls, artifact: ModelArtifact) -> Policy:
+    def from_artifact(
+        cls,
+        artifact: ModelArtifact,
+        *,
+        engine: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> Policy:
         """A policy from an already verified :class:`ModelArtifact`."""
-        return cls.from_manifest(artifact.manifest, artifact.models, source=str(artifact.path))
+        return cls.from_manifest(
+            artifact.manifest, artifact.models, source=str(artifact.path), engine=engine, cache_dir=cache_dir
+        )
 
     @classmethod
     def from_manifest(
-        cls, manifest: Mapping[str, Any], models: Mapping[str, str] | None = None, *, source: str = "model"
+        cls,
+        manifest: Mapping[str, Any],
+        models: Mapping[str, str] | None = None,
+        *,
+        source: str = "model",
+        engine: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> Policy:
         """A policy from a manifest and LightGBM model texts (what a model directory holds)."""
         import lightgbm as lgb
@@ -257,7 +314,16 @@ class Policy:
         if not boosters:
             raise ModelIntegrityError(f"{source}: kind is 'model' but it holds no models")
         try:
-            return cls(kind="model", safety=safety, manifest=manifest, rule=rule, boosters=boosters)
+            return cls(
+                kind="model",
+                safety=safety,
+                manifest=manifest,
+                rule=rule,
+                boosters=boosters,
+                texts=models,
+                engine=engine,
+                cache_dir=cache_dir,
+            )
         except ModelIntegrityError as exc:
             raise ModelIntegrityError(f"{source}: {exc}") from None
 
@@ -292,7 +358,7 @@ class Policy:
         The one definition of V: :meth:`decide` calls it on one row, the trainer's
         replays on many (``raw`` maps a model name to its raw score(s)).
         """
-        k_turns = np.maximum(raw["k"], 0.0)
+        k_turns = _at_least(raw["k"], 0.0)
         w, ctg = cost_weight(
             k_turns, turn, cost, lam=lam, cost_share=cost_share, mean_cost=self.mean_behavior_cost
         )
@@ -310,7 +376,12 @@ class Policy:
         return raw["g"] - w, ctg, None
 
     def _post(self, name: str, raw: Any) -> Any:
-        return 1.0 / (1.0 + np.exp(-raw)) if name in self._sigmoid else raw
+        return _logistic(raw) if name in self._sigmoid else raw
+
+    @property
+    def inference(self) -> dict[str, Any] | None:
+        """How decisions evaluate the boosters (engine, cache, why a fallback), or None without a model."""
+        return None if self._forest is None else self._forest.info.to_dict()
 
     def raw_batch(self, X: FloatArray) -> dict[str, FloatArray]:  # noqa: N803
         """Raw scores of the boosters the method reads, for many feature rows."""

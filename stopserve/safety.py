@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Final
 
@@ -131,6 +132,14 @@ class LoopConfig(BaseModel):
             raise ValueError("must be 0 (off) or at least 4: A-B-A-B is the shortest alternation")
         return value
 
+    @cached_property
+    def _active(self) -> tuple[tuple[str, int], ...]:
+        # (pattern, threshold) of the patterns switched on: read once per config, not per decision
+        # (a cached_property lives in the instance dict: as cheap to read as a field; the config is frozen)
+        if not self.enabled:
+            return ()
+        return tuple((p, int(getattr(self, p))) for p in LOOP_PATTERNS if getattr(self, p))
+
     def closest(self, state: RunState) -> str | None:
         """The loop pattern nearest its threshold among those seen at least twice in a row, or ``None``.
 
@@ -147,12 +156,7 @@ class LoopConfig(BaseModel):
 
     def check(self, state: RunState) -> SafetyStop | None:
         """The first loop pattern at or above its threshold, or ``None``."""
-        if not self.enabled:
-            return None
-        for pattern in LOOP_PATTERNS:
-            threshold: int = getattr(self, pattern)
-            if not threshold:
-                continue
+        for pattern, threshold in self._active:
             run = state.loop_run(pattern)
             if run >= threshold:
                 return SafetyStop(
@@ -229,15 +233,23 @@ class SafetyConfig(BaseModel):
 
     # ------------------------------------------------------------------ deciding
 
-    @property
+    @cached_property
     def effective_min_turns(self) -> int:
         """The largest ``min_turns`` anywhere in the config."""
-        # no cached private attribute: pydantic private-attribute reads cost microseconds
+        # a cached_property, not a private attribute: pydantic private-attribute reads cost
+        # microseconds, the instance dict a few nanoseconds (the config is frozen)
         if not self.any and not self.all:
             return self.min_turns
         children = [*(self.any or ()), *(self.all or ())]
         deepest: int = max([self.min_turns, *(int(c.effective_min_turns) for c in children)])
         return deepest
+
+    @cached_property
+    def _caps(self) -> tuple[tuple[str, Limit, float], ...]:
+        # the caps this config sets: the decide path walks these, not all four
+        return tuple(
+            (key, limit, getattr(self, key)) for key, limit in _BUDGETS if getattr(self, key) is not None
+        )
 
     def allows_stop(self, state: RunState) -> bool:
         """Whether a model, proposed or quality stop may happen now (``min_turns`` reached)."""
@@ -267,9 +279,8 @@ class SafetyConfig(BaseModel):
         )
 
     def _check(self, state: RunState, allowed: bool) -> SafetyStop | None:
-        for key, limit in _BUDGETS:
-            cap = getattr(self, key)
-            if cap is not None and _used(state, limit) >= cap:
+        for key, limit, cap in self._caps:
+            if _used(state, limit) >= cap:
                 return self._budget_stop(state, key, limit, cap, "the safety config")
         fired = self.loop.check(state)
         if fired is not None:

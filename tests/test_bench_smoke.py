@@ -20,6 +20,7 @@ BENCH = ROOT / "bench"
 OWN_SCRIPTS = [
     "bench_featurize.py",
     "bench_decide.py",
+    "bench_inference.py",
     "bench_train.py",
     "bench_quality.py",
     "bench_serve.py",
@@ -81,6 +82,17 @@ def test_decide_smoke(workdir: Path) -> None:
             for r in rows:
                 assert sum(r["actions"].values()) == r["iters"] == 100
                 assert r["p99_us"] >= r["p50_us"] > 0
+
+
+def test_inference_smoke(workdir: Path) -> None:
+    doc = _run("bench_inference.py", workdir)
+    _measured_or_missing(doc, "engines")
+    if "engines" in doc["data"]:
+        timed = {k: v for k, v in doc["data"]["engines"].items() if "p50_us" in v}
+        assert any(k.startswith("LightGBM") for k in timed) and any(k.startswith("stopserve") for k in timed)
+        for name, row in timed.items():
+            assert row["bit_exact"], name  # every engine gives LightGBM's own scores
+            assert row["p99_us"] >= row["p50_us"] > 0 and row["context_p99_us"] >= row["context_p50_us"] > 0
 
 
 def test_train_smoke(workdir: Path) -> None:

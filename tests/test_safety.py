@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stopserve.errors import ConfigError
-from stopserve.features import RunState
+from stopserve.features import LOOP_PATTERNS, RunState
 from stopserve.safety import LoopConfig, SafetyConfig, SafetyStop
 from stopserve.trace import Budget, Event, Trace
 
@@ -399,6 +399,13 @@ def test_repeated_reply_ignores_tool_results_and_resets_on_new_content() -> None
     s.fold(ev(21, "communicate", agent="x", content_ref="b"))
     s.fold(ev(22, "communicate", agent="x", content_ref="b"))
     assert s.loop_run("repeated_reply") == 2
+
+
+def test_every_loop_pattern_has_a_run_length_and_unknown_ones_are_refused() -> None:
+    s = RunState()
+    assert {p: s.loop_run(p) for p in LOOP_PATTERNS} == dict.fromkeys(LOOP_PATTERNS, 0)
+    with pytest.raises(KeyError):
+        s.loop_run("stuck")
 
 
 def test_closest_names_the_pattern_in_progress_without_firing() -> None:

@@ -55,7 +55,7 @@ from stopserve.training.heuristics import (
 )
 from stopserve.training.heuristics import replay as replay_mask
 from stopserve.training.labels import DecisionPoints, FloatArray, build_decision_points
-from stopserve.training.replay import replay_decide, replay_rows
+from stopserve.training.replay import REPLAY_ENGINE, replay_decide, replay_rows
 
 __all__ = ["LAMBDA_SWEEP", "evaluate", "evaluate_command", "plot_pareto"]
 
@@ -463,7 +463,7 @@ def _table(report: dict[str, Any]) -> str:
 
 def evaluate_command(args: argparse.Namespace) -> int:
     """``stopserve evaluate --model DIR TRACES... [--tune-on ...] [--lambda X | --cost-share S]``."""
-    policy = Policy.load(args.model)
+    policy = Policy.load(args.model, engine=REPLAY_ENGINE)
     manifest: dict[str, Any] = dict(policy.manifest or {})
     model_unit = manifest.get("cost_unit")
     if args.cost_unit and model_unit and args.cost_unit != model_unit:

@@ -66,7 +66,7 @@ from stopserve.training.heuristics import (
     tune_heuristics,
 )
 from stopserve.training.labels import DecisionPoints, build_decision_points
-from stopserve.training.replay import replay_decide, replay_rows
+from stopserve.training.replay import REPLAY_ENGINE, replay_decide, replay_rows
 from stopserve.training.tuning import Tuned, learned_mask, tune_policy
 
 __all__ = [
@@ -525,7 +525,7 @@ class PolicyLearner:
                 "stops end runs"
             )
         # the shipped policy, replayed through decide on the training traces: evaluate gives the same
-        shipped = Policy.from_manifest(manifest, models, source="trained policy")
+        shipped = Policy.from_manifest(manifest, models, source="trained policy", engine=REPLAY_ENGINE)
         in_rows = replay_decide(
             iter(source), st.dp, lambda i: [shipped], lam=st.arg_lam, cost_share=st.arg_share
         )[0]
@@ -774,6 +774,7 @@ class PolicyLearner:
                     manifest=manifest,
                     rule=base.to_safety_config(),
                     boosters={n: fold.boosters[n] for n in METHOD_MODELS[method]},
+                    engine=REPLAY_ENGINE,
                 )
             )
             choices.append({"base": base_name, "deviates": True, "method": method, **_tuned_dict(t)})

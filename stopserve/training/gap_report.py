@@ -25,6 +25,7 @@ from stopserve.errors import StopServeError, TrainingError
 from stopserve.features import RunState
 from stopserve.policy import Policy
 from stopserve.trace import Trace, is_decision_point, read_traces
+from stopserve.training.replay import REPLAY_ENGINE
 from stopserve.training.simulate import failure_modes
 
 __all__ = ["gap_report", "main"]
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
-        policy = Policy.load(args.model)
+        policy = Policy.load(args.model, engine=REPLAY_ENGINE)
         report = gap_report(policy, read_traces(args.traces), args.lam)
     except StopServeError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -6,6 +6,7 @@ marked ``slow``: ``python -m pytest -m slow tests/service/test_service_install.p
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -36,27 +37,35 @@ def dockerfile_steps() -> tuple[list[tuple[str, str]], list[str]]:
     return copies, runs
 
 
-#: What the image installs: the runtime and the shared run store's client, no other extra.
-INSTALL = ".[redis]"
+def dockerfile_commands() -> list[str]:
+    """Every command of every RUN step (split on ``&&``), in order."""
+    _, runs = dockerfile_steps()
+    return [c.strip() for run in runs for c in run.split("&&")]
 
 
-def pip_target(run: str) -> str:
-    """The one requirement a ``python -m pip install X && ...`` step installs."""
-    return shlex.split(run.split("&&", maxsplit=1)[0])[4]
+def dockerfile_pip_target() -> str:
+    """What the Dockerfile's one ``pip install`` installs (the project and its extras)."""
+    pip = [c for c in dockerfile_commands() if c.startswith("python -m pip install ")]
+    assert len(pip) == 1, pip
+    args = shlex.split(pip[0])[4:]
+    assert len(args) == 1 and "--no-deps" not in args, args  # dependencies resolved by pip
+    return args[0]
 
 
 def test_dockerfile_steps_are_what_this_test_runs() -> None:
-    copies, runs = dockerfile_steps()
+    copies, _ = dockerfile_steps()
     assert ("stopserve", "./stopserve") in copies and ("models/default", "./models/default") in copies
-    pip = [r for r in runs if r.startswith("python -m pip install ")]
-    assert len(pip) == 1 and pip_target(pip[0]) == INSTALL  # what the venv test runs
-    assert "--no-deps" not in pip[0]
-    # the only other step installs system libraries (libgomp1), present on the test machine
-    assert all(r.startswith("apt-get update") for r in runs if r not in pip)
+    assert dockerfile_pip_target() == ".[redis,fast]"  # what the venv test installs
+    # besides pip: system packages (libgomp1; gcc, removed in its own step), the default model's
+    # compiled cache (python -c), the service's user and its log folder
+    kinds = {c.split()[0] for c in dockerfile_commands() if not c.startswith("python -m pip install ")}
+    assert kinds <= {"apt-get", "python", "rm", "useradd", "mkdir", "chown"}, kinds
+    builds = [c for c in dockerfile_commands() if c.startswith("python -c ")]
+    assert len(builds) <= 1 and all("Policy.load" in c for c in builds)
 
 
 @pytest.mark.slow
-def test_clean_venv_install_as_the_image_serves(tmp_path: Path) -> None:
+def test_clean_venv_install_serves(tmp_path: Path) -> None:
     copies, _ = dockerfile_steps()
     app = tmp_path / "app"
     app.mkdir()
@@ -71,9 +80,10 @@ def test_clean_venv_install_as_the_image_serves(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
-    # the Dockerfile's RUN: the project with the [redis] extra only, dependencies resolved by pip
+    # the Dockerfile's RUN: the project with its `fast` extra, dependencies resolved by pip
+    target = dockerfile_pip_target()
     done = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", INSTALL],
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", target],
         cwd=app,
         check=False,
         capture_output=True,
@@ -95,12 +105,22 @@ def test_clean_venv_install_as_the_image_serves(tmp_path: Path) -> None:
     ).stdout.strip()
     expect_model = (ROOT / "models" / "default" / "manifest.json").exists()
     assert (installed_model != "None") == expect_model, installed_model
+    # the Dockerfile's build step: the default model's libraries into the image's cache
+    cache = {"STOPSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    builds = [c for c in dockerfile_commands() if c.startswith("python -c ")]
+    compiled = expect_model and bool(builds) and target == ".[fast]" and shutil.which("gcc") is not None
+    if compiled:
+        code = shlex.split(builds[0])[2]
+        subprocess.run([str(python), "-c", code], cwd=tmp_path, env={**os.environ, **cache}, check=True)
     server = LiveServer(
-        log_dir=tmp_path / "logs", command=[str(venv / "bin" / "stopserve")], startup_timeout=120
+        log_dir=tmp_path / "logs", command=[str(venv / "bin" / "stopserve")], startup_timeout=120, env=cache
     )
     with server:
         model = httpx.get(server.url + "/v1/model").json()
         assert model["safety_only"] is (not expect_model)
+        if compiled:  # served from the cache the build step wrote
+            assert model["manifest"]["inference"]["engine"] == "tl2cgen"
+            assert model["manifest"]["inference"]["cache"] in ("hit", "reused")
         r = httpx.post(
             server.url + "/v1/runs/venv/decide",
             json={"events": [{"id": "a", "t": 0, "type": "return", "agent": "x"}]},

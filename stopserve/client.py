@@ -38,10 +38,8 @@ events (ids, clock, tokens, content hashes)::
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
-import re
 import threading
 import time
 import uuid
@@ -57,19 +55,20 @@ import httpx
 import orjson
 from pydantic import ValidationError
 
-from stopserve.api import DecideResponse, ErrorBody, ModelInfo, OutcomeResponse
+from stopserve.api import DecideResponse, ModelInfo, OutcomeResponse
+from stopserve.error_table import error_from_answer
 from stopserve.errors import (
-    AuthError,
     ConfigError,
     Issue,
     RunClosedError,
     RunEvictedError,
     RunLimitError,
-    RunNotFoundError,
     StopServeError,
     TraceValidationError,
+    pydantic_issues,
 )
 from stopserve.features import RunState
+from stopserve.ids import RUN_ID, content_ref
 from stopserve.policy import Policy
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Budget, Event, Stop, StopReason, Topology, Trace, TraceWriter
@@ -96,26 +95,6 @@ SafetyLike = SafetyConfig | Mapping[str, Any]
 
 class _UnavailableError(Exception):
     """The service could not answer (network, timeout, 5xx, garbage): decide locally."""
-
-
-# --------------------------------------------------------------------------- content hashes
-
-
-def content_ref(content: Any) -> str:
-    """A short stable hash of ``content`` for ``Event.content_ref``: equal content, equal ref.
-
-    Strings and bytes are hashed as they are; anything else as sorted JSON.
-
-    >>> content_ref("ls -la") == content_ref("ls -la") != content_ref("ls")
-    True
-    """
-    if isinstance(content, bytes):
-        raw = content
-    elif isinstance(content, str):
-        raw = content.encode("utf-8", "surrogatepass")
-    else:
-        raw = orjson.dumps(content, option=orjson.OPT_SORT_KEYS, default=str)
-    return "sha256:" + hashlib.sha256(raw).hexdigest()[:32]
 
 
 # --------------------------------------------------------------------------- event recorder
@@ -180,7 +159,7 @@ class EventRecorder:
             event = Event.model_validate(data)
         except ValidationError as exc:
             self._n -= 1
-            issues = [Issue(e["msg"], path=".".join(map(str, e["loc"])) or None) for e in exc.errors()]
+            issues = pydantic_issues(exc.errors())
             raise TraceValidationError(f"EventRecorder: invalid {type!r} event", issues) from None
         self._pending.append(event)
         return event
@@ -232,9 +211,7 @@ def _as_event(item: EventLike, index: int) -> Event:
     try:
         return Event.model_validate(item)
     except ValidationError as exc:
-        issues = [
-            Issue(e["msg"], path=f"events[{index}]." + ".".join(map(str, e["loc"]))) for e in exc.errors()
-        ]
+        issues = pydantic_issues(exc.errors(), prefix=f"events[{index}]")
         raise TraceValidationError(f"invalid event at events[{index}]", issues) from None
 
 
@@ -244,8 +221,7 @@ def _as_budget(budget: BudgetLike | None) -> Budget | None:
     try:
         return Budget.model_validate(budget)
     except ValidationError as exc:
-        issues = [Issue(e["msg"], path="budget." + ".".join(map(str, e["loc"]))) for e in exc.errors()]
-        raise ConfigError("invalid budget", issues) from None
+        raise ConfigError("invalid budget", pydantic_issues(exc.errors(), prefix="budget")) from None
 
 
 def _as_safety(safety: SafetyLike | None) -> SafetyConfig | None:
@@ -518,46 +494,11 @@ class _Core:
             raise _UnavailableError(f"HTTP {response.status_code}: not JSON") from None
         if response.is_success:
             return data
-        raise _client_error(response.status_code, data, what)
-
-
-def _client_error(status: int, data: Any, what: str) -> StopServeError:
-    try:
-        detail = ErrorBody.model_validate(data).error
-        message = f"{what}: HTTP {status}: {detail.message}"
-        issues = [
-            Issue(i.message, file=i.file, line=i.line, trace_id=i.trace_id, path=i.field)
-            for i in detail.issues
-        ]
-    except ValidationError:
-        message, issues = f"{what}: HTTP {status}: {str(data)[:200]}", []
-    kind: type[StopServeError] = StopServeError
-    if status in (401, 403):
-        kind = AuthError
-    elif status == 404:
-        kind = RunNotFoundError
-    elif status == 409 and _error_type(data) == "run_evicted":
-        kind = RunEvictedError
-    elif status == 409:
-        kind = RunClosedError
-    elif status == 413:
-        kind = RunLimitError
-    elif status in (400, 422):
-        kind = ConfigError
-    return kind(message, issues)
-
-
-def _error_type(data: Any) -> str | None:
-    error = data.get("error") if isinstance(data, dict) else None
-    kind = error.get("type") if isinstance(error, dict) else None
-    return kind if isinstance(kind, str) else None
-
-
-_RUN_ID = re.compile(r"[A-Za-z0-9._:@+-]{1,256}")
+        raise error_from_answer(response.status_code, data, what)
 
 
 def _run_path(run_id: str) -> str:
-    if not _RUN_ID.fullmatch(run_id):
+    if not RUN_ID.fullmatch(run_id):
         raise ConfigError(
             f"run_id {run_id[:60]!r}: letters, digits and . _ : @ + - only, 1 to 256 characters",
             [Issue("not a valid run id", path="run_id")],

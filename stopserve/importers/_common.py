@@ -1,5 +1,5 @@
 """Helpers every importer shares: finding files, loading JSON with located errors,
-content hashes, and turning a converted dict into a valid :class:`Trace`.
+and turning a converted dict into a valid :class:`Trace`.
 
 Importing this module stays light (no pydantic): the ``stopserve hook`` process maps
 transcript lines with the same helpers the importers use."""
@@ -7,7 +7,6 @@ transcript lines with the same helpers the importers use."""
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -24,7 +23,6 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "MAX_FILE_BYTES",
     "OnError",
-    "content_ref",
     "fail",
     "finish",
     "iter_files",
@@ -41,17 +39,6 @@ CHARS_PER_TOKEN: Final = 4
 
 #: One foreign JSON document above this size is refused (bounds memory per run).
 MAX_FILE_BYTES: Final = 256 * 1024 * 1024
-
-
-def content_ref(content: Any) -> str:
-    """A short stable hash of text or JSON data: equal content, equal ref (never the raw text)."""
-    if isinstance(content, bytes):
-        raw = content
-    elif isinstance(content, str):
-        raw = content.encode("utf-8", "surrogatepass")
-    else:
-        raw = orjson.dumps(content, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
-    return "sha256:" + hashlib.sha256(raw).hexdigest()[:16]
 
 
 def fail(

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
 
-from stopserve.importers._common import content_ref, fail, finish
+from stopserve.ids import content_ref
+from stopserve.importers._common import fail, finish
 
 if TYPE_CHECKING:
     from stopserve.trace import Trace

@@ -43,7 +43,8 @@ from typing import Any, Final
 import orjson
 
 from stopserve.errors import ImporterError
-from stopserve.importers._common import OnError, content_ref, fail, finish, iter_files, load_json, report
+from stopserve.ids import content_ref
+from stopserve.importers._common import OnError, fail, finish, iter_files, load_json, report
 from stopserve.trace import FORMAT_TAG, Trace
 
 __all__ = ["read", "repo_of", "trace_from_mini", "trace_from_swe_agent"]

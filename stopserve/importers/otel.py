@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from stopserve.errors import ImporterError
+from stopserve.ids import content_ref
 from stopserve.importers._common import (
     OnError,
-    content_ref,
     fail,
     finish,
     iter_files,

@@ -15,6 +15,7 @@ No FastAPI here (pydantic only, through :mod:`stopserve.api`): the client import
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -65,7 +66,7 @@ class ErrorKind:
 
     type: str
     status: int
-    error: type[StopServeError]
+    error: builtins.type[StopServeError]  # builtins: the field above shadows the name here
     description: str
 
 

@@ -25,7 +25,7 @@ _RUNNERS: Final[dict[str, str]] = {
     "features": "stopserve.training.labels:features_command",
     "train": "stopserve.training.fit:train_command",
     "evaluate": "stopserve.training.evaluate:evaluate_command",
-    "simulate": "stopserve.training.simulate:simulate_command",
+    "simulate": "stopserve.training.simulate.cli:simulate_command",
     "serve": "stopserve.service.app:serve_command",
     "hook claude-code": "stopserve.hooks.run:hook_command",
     "hook codex": "stopserve.hooks.run:hook_command",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -33,6 +34,12 @@ _RUNNERS: Final[dict[str, str]] = {
     "hook uninstall": "stopserve.hooks.install:uninstall_command",
     "hook report": "stopserve.hooks.report:report_command",
     "label": "stopserve.hooks.report:label_command",
+}
+#: command -> (extra, modules it brings that the command needs): a missing one is a one-line error
+_EXTRAS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
+    "train": ("train", ("tqdm",)),
+    "features": ("train", ("tqdm",)),
+    "evaluate": ("train", ("tqdm",)),
 }
 HARNESSES: Final = ("claude-code", "codex")
 
@@ -349,6 +356,12 @@ def _key(args: argparse.Namespace) -> str:
 
 
 def _runner(command: str) -> Callable[[argparse.Namespace], int]:
+    extra, needs = _EXTRAS.get(command, ("", ()))
+    missing = [name for name in needs if importlib.util.find_spec(name) is None]
+    if missing:
+        what = ", ".join(missing)
+        hint = f"pip install 'stopserve[{extra}]'"
+        raise StopServeError(f"needs the [{extra}] extra ({what} not installed): {hint}")
     module_name, func = _RUNNERS[command].split(":")
     module = importlib.import_module(module_name)
     run: Callable[[argparse.Namespace], int] = getattr(module, func)

@@ -203,6 +203,10 @@ class StatelessDecideRequest(_DecideFields):
 class BatchItem(DecideRequest):
     """One run's share of a batch."""
 
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"run_id": "run-1", "events": [_EVENT_EXAMPLE]}]}
+    )
+
     run_id: str = Field(min_length=1, max_length=MAX_ID_CHARS, pattern=RUN_ID_PATTERN)
 
 

@@ -169,19 +169,7 @@ def _read_transcript(path: str, st: dict[str, Any], mapper: TranscriptMapper) ->
         st["log"].append(f"transcript shrank below the last offset ({size} < {offset}); reading it anew")
         offset = 0
     lines, st["offset"], too_long = read_lines(path, offset, READ_BYTES)
-    for _ in range(too_long):
-        mapper.malformed()
-    events: list[dict[str, Any]] = []
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            mapper.malformed()
-            continue
-        events.extend(mapper.feed(obj))
-    return events
+    return mapper.feed_lines(lines, too_long)
 
 
 def run_hook(

@@ -93,3 +93,14 @@ def test_validation_issues_use_the_shared_formatter() -> None:
         ("body.events[0].id", "required field is missing"),
         ("body.events[1].type", "'spwan' is not one of spawn, stop"),
     ]
+
+
+def test_the_service_documents_its_errors_from_the_table() -> None:
+    from stopserve.service.app import create_app
+    from stopserve.settings import Settings
+
+    spec = create_app(Settings(no_model=True, log_dir=None)).openapi()
+    responses = spec["paths"]["/v1/runs/{run_id}/decide"]["post"]["responses"]
+    for kind in ERRORS:
+        assert f"`{kind.type}`" in responses[str(kind.status)]["description"], kind.type
+    assert responses["409"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")

@@ -20,31 +20,19 @@ from pathlib import Path
 from typing import Any
 
 # at module level: FastAPI resolves the route's (string) annotation in this module's globals
-from stopserve.api import DecideRequest
+from stopserve.api import DecideRequest, DecideResponse
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+#: The answer the bare apps send: the API's documented example of a decision, as the service shapes it.
 DECISION: dict[str, Any] = {
+    **DecideResponse.model_json_schema()["examples"][0],
     "run_id": "run",
-    "action": "continue",
-    "reason": None,
-    "v_stop": -0.12,
-    "q_continue": 0.71,
-    "q_stop": 0.59,
-    "cost_to_go": 0.04,
-    "turn": 7,
-    "safety_net": None,
-    "limit": None,
-    "pattern": None,
-    "finalize": False,
     "model_version": "bench",
-    "propensity": 1.0,
-    "degraded": False,
     "events_accepted": 2,
-    "events_ignored": 0,
 }
 
 

@@ -56,20 +56,20 @@ def main(argv: list[str]) -> int:
     lgb.train = _recording_train
     import stopserve.training.fit as fit
 
-    real_fit = fit.fit_policy
+    real_fit = fit.PolicyLearner.fit
 
-    def timed_fit(*args: Any, **kwargs: Any) -> Any:
+    def timed_fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         t0, c0 = time.perf_counter(), time.process_time()
-        result = real_fit(*args, **kwargs)
+        learner = real_fit(self, *args, **kwargs)
         FIT["seconds"] = time.perf_counter() - t0
         FIT["cpu_seconds"] = time.process_time() - c0
-        FIT["timings"] = dict(result.timings)
-        FIT["chosen"] = result.chosen
-        FIT["rows"] = int(args[0].n_rows)
-        FIT["traces"] = int(args[0].n_traces)
-        return result
+        FIT["timings"] = dict(learner.timings_)
+        FIT["chosen"] = learner.chosen_
+        FIT["rows"] = int(learner.dp_.n_rows)
+        FIT["traces"] = int(learner.dp_.n_traces)
+        return learner
 
-    fit.fit_policy = timed_fit
+    fit.PolicyLearner.fit = timed_fit  # type: ignore[method-assign]
     from stopserve.cli import main as cli_main
 
     t0 = time.perf_counter()

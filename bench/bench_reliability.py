@@ -36,7 +36,16 @@ sys.path.insert(0, str(ROOT / "tests" / "reliability"))
 
 import httpx
 import orjson
-from harness import Disk, Load, hostile_bodies, hostile_senders, logged_decisions, rss_kib, turn
+from harness import (
+    Disk,
+    Load,
+    fill_hostile_run,
+    hostile_bodies,
+    hostile_senders,
+    logged_decisions,
+    rss_kib,
+    turn,
+)
 from servers import LiveServer
 
 from stopserve.settings import Settings
@@ -139,13 +148,7 @@ def memory(work: Path, runs: int, turns: int) -> dict[str, Any]:
         out["live_runs"] = _metric(http, "stopserve_live_runs")
         out["store_mib_runs"] = _metric(http, "stopserve_store_bytes") / 2**20
         out["rss_peak_mib_runs"] = rss_kib(pid)[1] / 1024
-        for k in range(10_000):
-            fat = [
-                {"id": f"f{k}-{j}", "t": k, "type": "return", "agent": "a", "n": "x" * 12_000}
-                for j in range(8)
-            ]
-            if http.post("/v1/runs/hostile/decide", json={"events": fat}).status_code == 413:
-                break
+        fill_hostile_run(http, 10_000)
         out["hostile_mib"] = _metric(http, "stopserve_store_bytes") / 2**20 - out["store_mib_runs"]
         out["store_mib_all"] = _metric(http, "stopserve_store_bytes") / 2**20
         out["rss_peak_mib_all"] = rss_kib(pid)[1] / 1024

@@ -94,6 +94,8 @@ def bench_proxy(sec: Section, sim: ModuleType, runs: int, lam: float = 0.1) -> N
     """
     import random
 
+    from stopserve.training.simulate import generate as gen  # the generator's own steps
+
     rows = []
     for topo in sim.SIM_TOPOLOGIES:
         model = sim.model_for(topo)
@@ -101,8 +103,8 @@ def bench_proxy(sec: Section, sim: ModuleType, runs: int, lam: float = 0.1) -> N
         opt_vals, proxy_vals = [], []
         for i in range(runs):
             rng = random.Random(f"proxy:{i}")
-            skel = sim._skeleton(model, rng, model.ceiling(sim._pick(rng, model.difficulty)))
-            run = sim._materialize(model, skel, rng, sim.DEFAULT_NOISE, model.rounds)
+            skel = gen._skeleton(model, rng, model.ceiling(gen._pick(rng, model.difficulty)))
+            run = gen._materialize(model, skel, rng, sim.DEFAULT_NOISE, model.rounds)
             k_proxy, best, since = model.rounds, -1, 0
             for k, (mu, m, _n, z) in enumerate(skel.states, start=1):
                 best, since = (m, 0) if m > best else (best, since + 1)
@@ -110,10 +112,10 @@ def bench_proxy(sec: Section, sim: ModuleType, runs: int, lam: float = 0.1) -> N
                     k_proxy = k
                     break
             for k, out in (
-                (sim._optimal_round(skel, rule), opt_vals),
+                (gen._optimal_round(skel, rule), opt_vals),
                 (0 if rule.stop_first else k_proxy, proxy_vals),
             ):
-                _, q, c = sim._optimal_stop(run, k)
+                _, q, c = gen._optimal_stop(run, k)
                 out.append(q - lam * c / 1000)
         rows.append([topo, runs, _mean(opt_vals), _mean(proxy_vals), _mean(opt_vals) - _mean(proxy_vals)])
         sec.data.setdefault("proxy", {})[topo] = {"optimal": _mean(opt_vals), "proxy": _mean(proxy_vals)}

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         ["features (columns)", rep.get("matrix_shape", [None, None])[1]],
         ["folds", folds],
         ["`stopserve train` wall s (read, featurize, fit, save)", rep["cli_seconds"]],
-        ["of which `fit_policy` s", fit["seconds"]],
+        ["of which `PolicyLearner.fit` s (decision points, cross-validation, final fit)", fit["seconds"]],
         ["of which inside `lightgbm.train` s (recorded)", rep["recorded_lgb_seconds"]],
         ["`lightgbm.train` calls (boosters)", rep["calls"]],
         ["raw replay s: same boosters, same rows, labels, params and rounds", raw],

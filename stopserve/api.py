@@ -13,6 +13,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from stopserve.ids import RUN_ID_PATTERN
 from stopserve.trace import Budget, Event, Stop, StopReason, Topology
 
 __all__ = [
@@ -194,7 +195,7 @@ class StatelessDecideRequest(_DecideFields):
         default=None,
         min_length=1,
         max_length=MAX_ID_CHARS,
-        pattern=r"^[A-Za-z0-9._:@+-]+$",
+        pattern=RUN_ID_PATTERN,
         description="Echoed back; nothing is stored.",
     )
 
@@ -202,7 +203,11 @@ class StatelessDecideRequest(_DecideFields):
 class BatchItem(DecideRequest):
     """One run's share of a batch."""
 
-    run_id: str = Field(min_length=1, max_length=MAX_ID_CHARS, pattern=r"^[A-Za-z0-9._:@+-]+$")
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"run_id": "run-1", "events": [_EVENT_EXAMPLE]}]}
+    )
+
+    run_id: str = Field(min_length=1, max_length=MAX_ID_CHARS, pattern=RUN_ID_PATTERN)
 
 
 class BatchDecideRequest(_Body):

@@ -73,7 +73,7 @@ def sha256_bytes(data: bytes) -> str:
 def library_versions() -> dict[str, str]:
     """Versions of the libraries a model depends on (recorded in the manifest)."""
     out = {"python": platform.python_version()}
-    for name in ("stopserve", "lightgbm", "numpy", "scikit-learn"):
+    for name in ("stopserve", "lightgbm", "numpy"):
         try:
             out[name] = version(name)
         except PackageNotFoundError:

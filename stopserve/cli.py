@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -25,7 +26,7 @@ _RUNNERS: Final[dict[str, str]] = {
     "features": "stopserve.training.labels:features_command",
     "train": "stopserve.training.fit:train_command",
     "evaluate": "stopserve.training.evaluate:evaluate_command",
-    "simulate": "stopserve.training.simulate:simulate_command",
+    "simulate": "stopserve.training.simulate.cli:simulate_command",
     "serve": "stopserve.service.app:serve_command",
     "hook claude-code": "stopserve.hooks.run:hook_command",
     "hook codex": "stopserve.hooks.run:hook_command",
@@ -33,6 +34,12 @@ _RUNNERS: Final[dict[str, str]] = {
     "hook uninstall": "stopserve.hooks.install:uninstall_command",
     "hook report": "stopserve.hooks.report:report_command",
     "label": "stopserve.hooks.report:label_command",
+}
+#: command -> (extra, modules it brings that the command needs): a missing one is a one-line error
+_EXTRAS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
+    "train": ("train", ("tqdm",)),
+    "features": ("train", ("tqdm",)),
+    "evaluate": ("train", ("tqdm",)),
 }
 HARNESSES: Final = ("claude-code", "codex")
 
@@ -50,14 +57,27 @@ IMPORT_FORMATS: Final = (
 GROUP_BY: Final = ("task", "repo", "system", "dataset")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number above 0, got {value}")
-    return value
+def _int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(
+                f"expected a number above 0, got {value}"
+                if low == 1
+                else f"expected a number >= {low}, got {value}"
+            )
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _non_negative_float(text: str) -> float:
@@ -74,16 +94,6 @@ def _positive_float(text: str) -> float:
     value = _non_negative_float(text)
     if value == 0:
         raise argparse.ArgumentTypeError("expected a number above 0, got 0")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
     return value
 
 
@@ -349,6 +359,12 @@ def _key(args: argparse.Namespace) -> str:
 
 
 def _runner(command: str) -> Callable[[argparse.Namespace], int]:
+    extra, needs = _EXTRAS.get(command, ("", ()))
+    missing = [name for name in needs if importlib.util.find_spec(name) is None]
+    if missing:
+        what = ", ".join(missing)
+        hint = f"pip install 'stopserve[{extra}]'"
+        raise StopServeError(f"needs the [{extra}] extra ({what} not installed): {hint}")
     module_name, func = _RUNNERS[command].split(":")
     module = importlib.import_module(module_name)
     run: Callable[[argparse.Namespace], int] = getattr(module, func)

@@ -38,40 +38,39 @@ events (ids, clock, tokens, content hashes)::
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
-import re
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Generic, TypedDict, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
 import orjson
 from pydantic import ValidationError
 
-from stopserve.api import DecideResponse, ErrorBody, ModelInfo, OutcomeResponse
+from stopserve.api import DecideResponse, ModelInfo, OutcomeResponse
+from stopserve.error_table import error_from_answer
 from stopserve.errors import (
-    AuthError,
     ConfigError,
     Issue,
     RunClosedError,
     RunEvictedError,
     RunLimitError,
-    RunNotFoundError,
     StopServeError,
     TraceValidationError,
+    pydantic_issues,
 )
 from stopserve.features import RunState
+from stopserve.ids import RUN_ID, content_ref
 from stopserve.policy import Policy
-from stopserve.safety import SafetyConfig
+from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.trace import Budget, Event, Stop, StopReason, Topology, Trace, TraceWriter
 
 __all__ = [
@@ -92,30 +91,49 @@ _UNAVAILABLE: Final = frozenset({408, 425, 429, 500, 502, 503, 504})
 EventLike = Event | Mapping[str, Any]
 BudgetLike = Budget | Mapping[str, Any]
 SafetyLike = SafetyConfig | Mapping[str, Any]
+_T = TypeVar("_T")
+_TransportT = TypeVar("_TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
 
 
 class _UnavailableError(Exception):
     """The service could not answer (network, timeout, 5xx, garbage): decide locally."""
 
 
-# --------------------------------------------------------------------------- content hashes
+class DecideOptions(TypedDict, total=False):
+    """Keyword options of ``decide`` (each falls back to the client's default for every run)."""
+
+    budget: BudgetLike | None  #: the run's caps (max_turns, max_tokens, ...)
+    lam: float | None  #: cost weight
+    proposed_stop: bool  #: the orchestrator proposes to stop here (default False)
+    safety: SafetyLike | None  #: safety nets for this call (the service applies the same)
+    task_id: str | None  #: the task this run works on (kept in its trace)
+    system: str | None  #: the system that runs it (kept in its trace)
 
 
-def content_ref(content: Any) -> str:
-    """A short stable hash of ``content`` for ``Event.content_ref``: equal content, equal ref.
+class OutcomeOptions(TypedDict, total=False):
+    """Keyword options of ``outcome``."""
 
-    Strings and bytes are hashed as they are; anything else as sorted JSON.
+    stop: Stop | Mapping[str, Any] | None  #: how the run stopped (format v1 ``stop``)
+    events: Sequence[EventLike]  #: events of the run not sent yet
+    costs: Mapping[str, float] | None  #: named costs of the run
+    metrics: Mapping[str, float] | None  #: named figures of the run
 
-    >>> content_ref("ls -la") == content_ref("ls -la") != content_ref("ls")
-    True
-    """
-    if isinstance(content, bytes):
-        raw = content
-    elif isinstance(content, str):
-        raw = content.encode("utf-8", "surrogatepass")
-    else:
-        raw = orjson.dumps(content, option=orjson.OPT_SORT_KEYS, default=str)
-    return "sha256:" + hashlib.sha256(raw).hexdigest()[:32]
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One HTTP request a call of the core needs; the transport makes it."""
+
+    method: str
+    path: str
+    content: bytes | None
+    timeout: httpx.Timeout
+
+
+#: What the transport hands back for a request: the answer, or the failure to get one.
+_Reply = httpx.Response | httpx.TransportError
+#: A call of the core, written once for both transports: it yields requests, gets replies, returns T.
+Flow = Generator[_Call, _Reply, _T]
+_JSON: Final = {"content-type": "application/json"}
 
 
 # --------------------------------------------------------------------------- event recorder
@@ -180,7 +198,7 @@ class EventRecorder:
             event = Event.model_validate(data)
         except ValidationError as exc:
             self._n -= 1
-            issues = [Issue(e["msg"], path=".".join(map(str, e["loc"])) or None) for e in exc.errors()]
+            issues = pydantic_issues(exc.errors())
             raise TraceValidationError(f"EventRecorder: invalid {type!r} event", issues) from None
         self._pending.append(event)
         return event
@@ -232,9 +250,7 @@ def _as_event(item: EventLike, index: int) -> Event:
     try:
         return Event.model_validate(item)
     except ValidationError as exc:
-        issues = [
-            Issue(e["msg"], path=f"events[{index}]." + ".".join(map(str, e["loc"]))) for e in exc.errors()
-        ]
+        issues = pydantic_issues(exc.errors(), prefix=f"events[{index}]")
         raise TraceValidationError(f"invalid event at events[{index}]", issues) from None
 
 
@@ -244,8 +260,7 @@ def _as_budget(budget: BudgetLike | None) -> Budget | None:
     try:
         return Budget.model_validate(budget)
     except ValidationError as exc:
-        issues = [Issue(e["msg"], path="budget." + ".".join(map(str, e["loc"]))) for e in exc.errors()]
-        raise ConfigError("invalid budget", issues) from None
+        raise ConfigError("invalid budget", pydantic_issues(exc.errors(), prefix="budget")) from None
 
 
 def _as_safety(safety: SafetyLike | None) -> SafetyConfig | None:
@@ -270,7 +285,13 @@ class _LocalRun:
 
 
 class _Core:
-    """Transport-free logic shared by the sync and async clients."""
+    """All the logic of the sync and async clients, without I/O (as httpx's ``BaseClient``).
+
+    Local state, journal, spool, retries, breaker and fallback live here. Each call
+    (:meth:`decide`, :meth:`outcome`, :meth:`model`) is a generator, a :data:`Flow`: it
+    yields the HTTP requests it needs (:class:`_Call`) and is sent back each answer or
+    transport failure, so the two clients only make requests (``_send``).
+    """
 
     def __init__(
         self,
@@ -303,7 +324,7 @@ class _Core:
         self.budget = _as_budget(budget)
         self.lam = lam
         self.safety_given = _as_safety(safety)
-        self.safety = self.safety_given or SafetyConfig()
+        self.safety = self.safety_given or DEFAULT_SAFETY
         self.topology = topology
         self.raise_on_client_error = raise_on_client_error
         self.max_runs = max_runs
@@ -518,46 +539,139 @@ class _Core:
             raise _UnavailableError(f"HTTP {response.status_code}: not JSON") from None
         if response.is_success:
             return data
-        raise _client_error(response.status_code, data, what)
+        raise error_from_answer(response.status_code, data, what)
 
+    # -- the calls, written once: each yields the HTTP requests it needs and gets their answers
 
-def _client_error(status: int, data: Any, what: str) -> StopServeError:
-    try:
-        detail = ErrorBody.model_validate(data).error
-        message = f"{what}: HTTP {status}: {detail.message}"
-        issues = [
-            Issue(i.message, file=i.file, line=i.line, trace_id=i.trace_id, path=i.field)
-            for i in detail.issues
-        ]
-    except ValidationError:
-        message, issues = f"{what}: HTTP {status}: {str(data)[:200]}", []
-    kind: type[StopServeError] = StopServeError
-    if status in (401, 403):
-        kind = AuthError
-    elif status == 404:
-        kind = RunNotFoundError
-    elif status == 409 and _error_type(data) == "run_evicted":
-        kind = RunEvictedError
-    elif status == 409:
-        kind = RunClosedError
-    elif status == 413:
-        kind = RunLimitError
-    elif status in (400, 422):
-        kind = ConfigError
-    return kind(message, issues)
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        what: str,
+        *,
+        timeout: float | None = None,
+        closed_ok_on_retry: bool = False,
+    ) -> Flow[Any]:
+        """One call with its retries and the breaker: the answer's JSON, or :class:`_UnavailableError`."""
+        call = _Call(
+            method,
+            path,
+            orjson.dumps(body) if body is not None else None,
+            httpx.Timeout(timeout if timeout is not None else self.timeout),
+        )
+        error = "no attempt"
+        for attempt in range(self.retries + 1):
+            reply = yield call
+            if isinstance(reply, httpx.TimeoutException):
+                # slow, not gone: a retry would double the wait the timeout promised to bound
+                error = str(reply) or "timed out"
+                break
+            if isinstance(reply, httpx.TransportError):
+                error = str(reply) or type(reply).__name__
+                continue
+            if closed_ok_on_retry and attempt > 0 and reply.status_code == 409:
+                # an earlier attempt got through before its answer was lost
+                self.mark_up()
+                return None
+            try:
+                data = self.check(reply, what)
+            except _UnavailableError as exc:
+                error = str(exc)
+                continue
+            self.mark_up()
+            return data
+        self.mark_down(error)
+        raise _UnavailableError(error)
 
+    def decide(
+        self, run_id: str, events: Iterable[EventLike], options: DecideOptions
+    ) -> Flow[DecideResponse]:
+        """Fold the events locally, ask the service; decide locally when it cannot answer."""
+        path = _run_path(run_id) + "/decide"
+        budget, lam = options.get("budget"), options.get("lam")
+        proposed_stop = options.get("proposed_stop", False)
+        task_id, system = options.get("task_id"), options.get("system")
+        cfg = _as_safety(options.get("safety"))
+        run = self.fold(run_id, events, budget, task_id, system)
+        if self.is_down() or run.local_only:
+            return self.note(run, self.local_decision(run_id, run, cfg, proposed_stop))
+        body = self.decide_body(
+            run,
+            budget=budget,
+            lam=lam,
+            safety=cfg,
+            proposed_stop=proposed_stop,
+            extra={"task_id": task_id, "system": system},
+        )
+        sent = [e["id"] for e in body["events"]]
+        try:
+            try:
+                data = yield from self.request("POST", path, body, f"decide {run_id!r}")
+            except RunEvictedError as exc:
+                # the service dropped the run: resend all of it once, or decide it locally from now on
+                whole = self.resend_body(run, body)
+                if whole is None:
+                    self.give_up(run_id, run, exc)
+                    return self.note(run, self.local_decision(run_id, run, cfg, proposed_stop))
+                try:
+                    data = yield from self.request("POST", path, whole, f"decide {run_id!r} (resent)")
+                except StopServeError as again:
+                    self.give_up(run_id, run, again)
+                    return self.note(run, self.local_decision(run_id, run, cfg, proposed_stop))
+                self.resent(run)
+            decision = DecideResponse.model_validate(data)
+        except _UnavailableError:
+            return self.note(run, self.local_decision(run_id, run, cfg, proposed_stop))
+        except ValidationError:
+            self.mark_down("unexpected response")
+            return self.note(run, self.local_decision(run_id, run, cfg, proposed_stop))
+        except StopServeError as exc:
+            if isinstance(exc, RunClosedError | RunLimitError):
+                # the service will never take them: do not resend forever
+                self.sent(run, sent, delivered=False)
+            if self.raise_on_client_error:
+                raise
+            log.warning("stopserve: %s; deciding locally", exc)
+            return self.note(run, self.local_decision(run_id, run, cfg, proposed_stop))
+        self.sent(run, sent)
+        return self.note(run, decision)
 
-def _error_type(data: Any) -> str | None:
-    error = data.get("error") if isinstance(data, dict) else None
-    kind = error.get("type") if isinstance(error, dict) else None
-    return kind if isinstance(kind, str) else None
+    def outcome(
+        self, run_id: str, rewards: Mapping[str, float], options: OutcomeOptions
+    ) -> Flow[OutcomeResponse | None]:
+        """Post the outcome with the unsent events; spool the trace when it cannot be delivered."""
+        run = self._runs.get(run_id)
+        body = _outcome_body(run, rewards, options)
+        if run is not None and run.local_only:
+            self.undelivered(run_id, run, body, "the service dropped the run")
+            return None
+        try:
+            data = yield from self.request(
+                "POST",
+                _run_path(run_id) + "/outcome",
+                body,
+                f"outcome {run_id!r}",
+                timeout=self.outcome_timeout,
+                closed_ok_on_retry=True,
+            )
+        except (_UnavailableError, RunEvictedError) as exc:
+            self.undelivered(run_id, run, body, exc)
+            return None
+        self.forget(run_id)
+        return OutcomeResponse.model_validate(data) if data is not None else None
 
-
-_RUN_ID = re.compile(r"[A-Za-z0-9._:@+-]{1,256}")
+    def model(self) -> Flow[ModelInfo]:
+        """What the service serves; raises when it cannot be reached."""
+        try:
+            data = yield from self.request("GET", "/v1/model", None, "model", timeout=self.outcome_timeout)
+        except _UnavailableError as exc:
+            raise StopServeError(f"stopserve service at {self.url} unavailable: {exc}") from None
+        return ModelInfo.model_validate(data)
 
 
 def _run_path(run_id: str) -> str:
-    if not _RUN_ID.fullmatch(run_id):
+    if not RUN_ID.fullmatch(run_id):
         raise ConfigError(
             f"run_id {run_id[:60]!r}: letters, digits and . _ : @ + - only, 1 to 256 characters",
             [Issue("not a valid run id", path="run_id")],
@@ -566,53 +680,30 @@ def _run_path(run_id: str) -> str:
 
 
 def _outcome_body(
-    run: _LocalRun | None,
-    rewards: Mapping[str, float],
-    *,
-    stop: Stop | Mapping[str, Any] | None,
-    events: Sequence[EventLike],
-    costs: Mapping[str, float] | None,
-    metrics: Mapping[str, float] | None,
+    run: _LocalRun | None, rewards: Mapping[str, float], options: OutcomeOptions
 ) -> dict[str, Any]:
     pending = list(run.pending.values()) if run is not None else []
     seen = {e["id"] for e in pending}
-    for i, item in enumerate(events):
+    for i, item in enumerate(options.get("events", ())):
         event = _as_event(item, i)
         if event.id not in seen and not (run is not None and run.state.seen(event.id)):
             pending.append(event.dump())
     body: dict[str, Any] = {"rewards": dict(rewards), "events": pending}
+    stop = options.get("stop")
     if stop is not None:
         body["stop"] = stop.model_dump(exclude_none=True) if isinstance(stop, Stop) else dict(stop)
-    if costs:
+    if costs := options.get("costs"):
         body["costs"] = dict(costs)
-    if metrics:
+    if metrics := options.get("metrics"):
         body["metrics"] = dict(metrics)
     return body
 
 
-# --------------------------------------------------------------------------- sync client
+# --------------------------------------------------------------------------- the two transports
 
 
-class StopClient:
-    """Synchronous client; decides locally (``degraded=True``) when the service cannot answer.
-
-    ``timeout`` bounds each HTTP phase of one decide call (seconds; ``outcome_timeout`` for
-    the outcome, which writes the whole trace). ``retries`` extra attempts are made at once
-    after quick failures (refused connection, 5xx), never after a timeout. After a failure
-    the service is skipped for ``cooldown`` seconds. ``budget``, ``lam`` and ``safety`` are
-    defaults for every run (``safety`` also overrides the server's safety nets, so both sides
-    apply the same).
-    With ``spool`` (a ``.jsonl`` path) the client also keeps each run's events and
-    decisions, and appends the run's format-v1 trace there when its outcome cannot be
-    delivered, so the retraining log loses nothing while the sidecar is down.
-    A 4xx answer (the caller's mistake) raises a :class:`~stopserve.errors.StopServeError`,
-    unless ``raise_on_client_error=False``: then it is logged and decided locally.
-
-    >>> with StopClient("http://127.0.0.1:9", timeout=0.05) as client:   # nothing listens there
-    ...     d = client.decide("run-1", [{"id": "e1", "t": 0, "type": "return", "agent": "a"}])
-    >>> d.action, d.degraded
-    ('continue', True)
-    """
+class _ClientBase(Generic[_TransportT]):
+    """What the sync and async clients share: the arguments, the core, the local state."""
 
     def __init__(
         self,
@@ -631,7 +722,7 @@ class StopClient:
         max_pending: int = 1_000,
         headers: Mapping[str, str] | None = None,
         spool: str | os.PathLike[str] | None = None,
-        transport: httpx.BaseTransport | None = None,
+        transport: _TransportT | None = None,
     ) -> None:
         self._core = _Core(
             url,
@@ -649,12 +740,11 @@ class StopClient:
             headers=headers,
             spool=spool,
         )
-        self._http = httpx.Client(
-            base_url=self._core.url,
-            timeout=self._core.http_timeout(),
-            headers=self._core.headers,
-            transport=transport,
-        )
+        self._transport: _TransportT | None = transport
+        self._open()
+
+    def _open(self) -> None:
+        """Set up the transport (each client its own way)."""
 
     @property
     def url(self) -> str:
@@ -666,147 +756,74 @@ class StopClient:
         run = self._core._runs.get(run_id)
         return run.state if run is not None else None
 
-    def _request(
-        self,
-        method: str,
-        path: str,
-        body: Any,
-        what: str,
-        *,
-        timeout: float | None = None,
-        closed_ok_on_retry: bool = False,
-    ) -> Any:
-        error = "no attempt"
-        for attempt in range(self._core.retries + 1):
-            try:
-                content = orjson.dumps(body) if body is not None else None
-                response = self._http.request(
-                    method,
-                    path,
-                    content=content,
-                    headers={"content-type": "application/json"},
-                    timeout=httpx.Timeout(timeout) if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )
-                if closed_ok_on_retry and attempt > 0 and response.status_code == 409:
-                    # an earlier attempt got through before its answer was lost
-                    self._core.mark_up()
-                    return None
-                data = self._core.check(response, what)
-            except httpx.TimeoutException as exc:
-                # slow, not gone: a retry would double the wait the timeout promised to bound
-                error = str(exc) or "timed out"
-                break
-            except (httpx.TransportError, _UnavailableError) as exc:
-                error = str(exc) or type(exc).__name__
-                continue
-            self._core.mark_up()
-            return data
-        self._core.mark_down(error)
-        raise _UnavailableError(error)
+
+class StopClient(_ClientBase[httpx.BaseTransport]):
+    """Synchronous client; decides locally (``degraded=True``) when the service cannot answer.
+
+    ``timeout`` bounds each HTTP phase of one decide call (seconds; ``outcome_timeout`` for
+    the outcome, which writes the whole trace). ``retries`` extra attempts are made at once
+    after quick failures (refused connection, 5xx), never after a timeout. After a failure
+    the service is skipped for ``cooldown`` seconds. ``budget``, ``lam`` and ``safety`` are
+    defaults for every run (``safety`` also overrides the server's safety nets, so both sides
+    apply the same; without it the local fallback applies
+    :data:`~stopserve.safety.DEFAULT_SAFETY`, the service's own default).
+    With ``spool`` (a ``.jsonl`` path) the client also keeps each run's events and
+    decisions, and appends the run's format-v1 trace there when its outcome cannot be
+    delivered, so the retraining log loses nothing while the sidecar is down.
+    A 4xx answer (the caller's mistake) raises a :class:`~stopserve.errors.StopServeError`
+    (the class the service raised: :mod:`stopserve.error_table`), unless
+    ``raise_on_client_error=False``: then it is logged and decided locally.
+
+    >>> with StopClient("http://127.0.0.1:9", timeout=0.05) as client:   # nothing listens there
+    ...     d = client.decide("run-1", [{"id": "e1", "t": 0, "type": "return", "agent": "a"}])
+    >>> d.action, d.degraded
+    ('continue', True)
+    """
+
+    def _open(self) -> None:
+        core = self._core
+        self._http = httpx.Client(
+            base_url=core.url, timeout=core.http_timeout(), headers=core.headers, transport=self._transport
+        )
+
+    def _send(self, flow: Flow[_T]) -> _T:
+        """Run a call of the core: make each request it yields, hand back the answer."""
+        try:
+            call = next(flow)
+            while True:
+                try:
+                    reply: _Reply = self._http.request(
+                        call.method, call.path, content=call.content, headers=_JSON, timeout=call.timeout
+                    )
+                except httpx.TransportError as exc:
+                    reply = exc
+                call = flow.send(reply)
+        except StopIteration as done:
+            value: _T = done.value
+            return value
 
     def decide(
-        self,
-        run_id: str,
-        events: Iterable[EventLike] = (),
-        *,
-        budget: BudgetLike | None = None,
-        lam: float | None = None,
-        proposed_stop: bool = False,
-        safety: SafetyLike | None = None,
-        task_id: str | None = None,
-        system: str | None = None,
+        self, run_id: str, events: Iterable[EventLike] = (), **options: Unpack[DecideOptions]
     ) -> DecideResponse:
-        """Send the run's new events and return the service's decision (or a local one)."""
-        core = self._core
-        path = _run_path(run_id) + "/decide"
-        cfg = _as_safety(safety)
-        run = core.fold(run_id, events, budget, task_id, system)
-        if core.is_down() or run.local_only:
-            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
-        body = core.decide_body(
-            run,
-            budget=budget,
-            lam=lam,
-            safety=cfg,
-            proposed_stop=proposed_stop,
-            extra={"task_id": task_id, "system": system},
-        )
-        sent = [e["id"] for e in body["events"]]
-        try:
-            try:
-                data = self._request("POST", path, body, f"decide {run_id!r}")
-            except RunEvictedError as exc:
-                # the service dropped the run: resend all of it once, or decide it locally from now on
-                whole = core.resend_body(run, body)
-                if whole is None:
-                    core.give_up(run_id, run, exc)
-                    return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
-                try:
-                    data = self._request("POST", path, whole, f"decide {run_id!r} (resent)")
-                except StopServeError as again:
-                    core.give_up(run_id, run, again)
-                    return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
-                core.resent(run)
-            decision = DecideResponse.model_validate(data)
-        except _UnavailableError:
-            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
-        except ValidationError:
-            core.mark_down("unexpected response")
-            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
-        except StopServeError as exc:
-            if isinstance(exc, RunClosedError | RunLimitError):
-                # the service will never take them: do not resend forever
-                core.sent(run, sent, delivered=False)
-            if core.raise_on_client_error:
-                raise
-            log.warning("stopserve: %s; deciding locally", exc)
-            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
-        core.sent(run, sent)
-        return core.note(run, decision)
+        """Send the run's new events and return the service's decision (or a local one).
+
+        ``options``: see :class:`DecideOptions` (budget, lam, proposed_stop, safety, task_id, system).
+        """
+        return self._send(self._core.decide(run_id, events, options))
 
     def outcome(
-        self,
-        run_id: str,
-        rewards: Mapping[str, float],
-        *,
-        stop: Stop | Mapping[str, Any] | None = None,
-        events: Sequence[EventLike] = (),
-        costs: Mapping[str, float] | None = None,
-        metrics: Mapping[str, float] | None = None,
+        self, run_id: str, rewards: Mapping[str, float], **options: Unpack[OutcomeOptions]
     ) -> OutcomeResponse | None:
         """Close the run with its final rewards; the service logs the whole trace.
 
         Unsent events go along. Returns ``None`` (and logs a warning) when the service
         cannot be reached: the orchestrator's run is over either way.
         """
-        run = self._core._runs.get(run_id)
-        body = _outcome_body(run, rewards, stop=stop, events=events, costs=costs, metrics=metrics)
-        if run is not None and run.local_only:
-            self._core.undelivered(run_id, run, body, "the service dropped the run")
-            return None
-        try:
-            data = self._request(
-                "POST",
-                _run_path(run_id) + "/outcome",
-                body,
-                f"outcome {run_id!r}",
-                timeout=self._core.outcome_timeout,
-                closed_ok_on_retry=True,
-            )
-        except (_UnavailableError, RunEvictedError) as exc:
-            self._core.undelivered(run_id, run, body, exc)
-            return None
-        self._core.forget(run_id)
-        return OutcomeResponse.model_validate(data) if data is not None else None
+        return self._send(self._core.outcome(run_id, rewards, options))
 
     def model(self) -> ModelInfo:
         """What the service is serving (raises when it cannot be reached)."""
-        try:
-            return ModelInfo.model_validate(
-                self._request("GET", "/v1/model", None, "model", timeout=self._core.outcome_timeout)
-            )
-        except _UnavailableError as exc:
-            raise StopServeError(f"stopserve service at {self.url} unavailable: {exc}") from None
+        return self._send(self._core.model())
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -821,216 +838,62 @@ class StopClient:
         self.close()
 
 
-# --------------------------------------------------------------------------- async client
-
-
-class AsyncStopClient:
-    """The asyncio twin of :class:`StopClient` (same arguments, same fail-safe).
+class AsyncStopClient(_ClientBase[httpx.AsyncBaseTransport]):
+    """The asyncio twin of :class:`StopClient` (same arguments, same fail-safe, same core).
 
     The connection pool is bound to the event loop that first uses it; a client used
     from a new loop (e.g. a second ``asyncio.run``) opens a fresh pool there.
     """
 
-    def __init__(
-        self,
-        url: str = "http://127.0.0.1:8080",
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        outcome_timeout: float = 5.0,
-        retries: int = 1,
-        cooldown: float = 5.0,
-        budget: BudgetLike | None = None,
-        lam: float | None = None,
-        safety: SafetyLike | None = None,
-        topology: Topology | None = None,
-        raise_on_client_error: bool = True,
-        max_runs: int = 10_000,
-        max_pending: int = 1_000,
-        headers: Mapping[str, str] | None = None,
-        spool: str | os.PathLike[str] | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self._core = _Core(
-            url,
-            timeout=timeout,
-            outcome_timeout=outcome_timeout,
-            retries=retries,
-            cooldown=cooldown,
-            budget=budget,
-            lam=lam,
-            safety=safety,
-            topology=topology,
-            raise_on_client_error=raise_on_client_error,
-            max_runs=max_runs,
-            max_pending=max_pending,
-            headers=headers,
-            spool=spool,
-        )
-        self._transport = transport
+    def _open(self) -> None:
         self._http: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    @property
-    def url(self) -> str:
-        """Base URL of the service."""
-        return self._core.url
-
-    def state(self, run_id: str) -> RunState | None:
-        """The client's local state of a run (what degraded decisions are made from)."""
-        run = self._core._runs.get(run_id)
-        return run.state if run is not None else None
 
     def _client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         if self._http is None or self._loop is not loop or self._http.is_closed:
             # a pool's connections belong to one loop; never reuse them from another
+            core = self._core
             self._http = httpx.AsyncClient(
-                base_url=self._core.url,
-                timeout=self._core.http_timeout(),
-                headers=self._core.headers,
+                base_url=core.url,
+                timeout=core.http_timeout(),
+                headers=core.headers,
                 transport=self._transport,
             )
             self._loop = loop
         return self._http
 
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        body: Any,
-        what: str,
-        *,
-        timeout: float | None = None,
-        closed_ok_on_retry: bool = False,
-    ) -> Any:
-        http = self._client()
-        error = "no attempt"
-        for attempt in range(self._core.retries + 1):
-            try:
-                content = orjson.dumps(body) if body is not None else None
-                response = await http.request(
-                    method,
-                    path,
-                    content=content,
-                    headers={"content-type": "application/json"},
-                    timeout=httpx.Timeout(timeout) if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )
-                if closed_ok_on_retry and attempt > 0 and response.status_code == 409:
-                    # an earlier attempt got through before its answer was lost
-                    self._core.mark_up()
-                    return None
-                data = self._core.check(response, what)
-            except httpx.TimeoutException as exc:
-                # slow, not gone: a retry would double the wait the timeout promised to bound
-                error = str(exc) or "timed out"
-                break
-            except (httpx.TransportError, _UnavailableError) as exc:
-                error = str(exc) or type(exc).__name__
-                continue
-            self._core.mark_up()
-            return data
-        self._core.mark_down(error)
-        raise _UnavailableError(error)
+    async def _send(self, flow: Flow[_T]) -> _T:
+        """Run a call of the core: make each request it yields, hand back the answer."""
+        try:
+            call = next(flow)
+            while True:
+                try:
+                    reply: _Reply = await self._client().request(
+                        call.method, call.path, content=call.content, headers=_JSON, timeout=call.timeout
+                    )
+                except httpx.TransportError as exc:
+                    reply = exc
+                call = flow.send(reply)
+        except StopIteration as done:
+            value: _T = done.value
+            return value
 
     async def decide(
-        self,
-        run_id: str,
-        events: Iterable[EventLike] = (),
-        *,
-        budget: BudgetLike | None = None,
-        lam: float | None = None,
-        proposed_stop: bool = False,
-        safety: SafetyLike | None = None,
-        task_id: str | None = None,
-        system: str | None = None,
+        self, run_id: str, events: Iterable[EventLike] = (), **options: Unpack[DecideOptions]
     ) -> DecideResponse:
         """Send the run's new events and return the service's decision (or a local one)."""
-        core = self._core
-        path = _run_path(run_id) + "/decide"
-        cfg = _as_safety(safety)
-        run = core.fold(run_id, events, budget, task_id, system)
-        if core.is_down() or run.local_only:
-            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
-        body = core.decide_body(
-            run,
-            budget=budget,
-            lam=lam,
-            safety=cfg,
-            proposed_stop=proposed_stop,
-            extra={"task_id": task_id, "system": system},
-        )
-        sent = [e["id"] for e in body["events"]]
-        try:
-            try:
-                data = await self._request("POST", path, body, f"decide {run_id!r}")
-            except RunEvictedError as exc:
-                # the service dropped the run: resend all of it once, or decide it locally from now on
-                whole = core.resend_body(run, body)
-                if whole is None:
-                    core.give_up(run_id, run, exc)
-                    return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
-                try:
-                    data = await self._request("POST", path, whole, f"decide {run_id!r} (resent)")
-                except StopServeError as again:
-                    core.give_up(run_id, run, again)
-                    return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
-                core.resent(run)
-            decision = DecideResponse.model_validate(data)
-        except _UnavailableError:
-            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
-        except ValidationError:
-            core.mark_down("unexpected response")
-            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
-        except StopServeError as exc:
-            if isinstance(exc, RunClosedError | RunLimitError):
-                # the service will never take them: do not resend forever
-                core.sent(run, sent, delivered=False)
-            if core.raise_on_client_error:
-                raise
-            log.warning("stopserve: %s; deciding locally", exc)
-            return core.note(run, core.local_decision(run_id, run, cfg, proposed_stop))
-        core.sent(run, sent)
-        return core.note(run, decision)
+        return await self._send(self._core.decide(run_id, events, options))
 
     async def outcome(
-        self,
-        run_id: str,
-        rewards: Mapping[str, float],
-        *,
-        stop: Stop | Mapping[str, Any] | None = None,
-        events: Sequence[EventLike] = (),
-        costs: Mapping[str, float] | None = None,
-        metrics: Mapping[str, float] | None = None,
+        self, run_id: str, rewards: Mapping[str, float], **options: Unpack[OutcomeOptions]
     ) -> OutcomeResponse | None:
         """Close the run with its final rewards (``None`` when the service cannot be reached)."""
-        run = self._core._runs.get(run_id)
-        body = _outcome_body(run, rewards, stop=stop, events=events, costs=costs, metrics=metrics)
-        if run is not None and run.local_only:
-            self._core.undelivered(run_id, run, body, "the service dropped the run")
-            return None
-        try:
-            data = await self._request(
-                "POST",
-                _run_path(run_id) + "/outcome",
-                body,
-                f"outcome {run_id!r}",
-                timeout=self._core.outcome_timeout,
-                closed_ok_on_retry=True,
-            )
-        except (_UnavailableError, RunEvictedError) as exc:
-            self._core.undelivered(run_id, run, body, exc)
-            return None
-        self._core.forget(run_id)
-        return OutcomeResponse.model_validate(data) if data is not None else None
+        return await self._send(self._core.outcome(run_id, rewards, options))
 
     async def model(self) -> ModelInfo:
         """What the service is serving (raises when it cannot be reached)."""
-        try:
-            return ModelInfo.model_validate(
-                await self._request("GET", "/v1/model", None, "model", timeout=self._core.outcome_timeout)
-            )
-        except _UnavailableError as exc:
-            raise StopServeError(f"stopserve service at {self.url} unavailable: {exc}") from None
+        return await self._send(self._core.model())
 
     async def aclose(self) -> None:
         """Close the connection pool."""

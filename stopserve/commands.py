@@ -6,13 +6,16 @@ import argparse
 import collections
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from stopserve.errors import ImporterError, TraceFormatError
 from stopserve.trace import TraceWriter, scan
 
 __all__ = ["import_traces", "validate"]
+
+_T = TypeVar("_T")
 
 #: skipped sources listed one by one before the rest are only counted
 _SHOW_SKIPS = 20
@@ -67,8 +70,6 @@ def import_traces(args: argparse.Namespace) -> int:
     Exit 0 when everything converted, 1 when some sources were skipped (the rest is
     written), 2 when nothing could be read.
     """
-    from tqdm import tqdm
-
     from stopserve.importers import IMPORTERS
 
     options: dict[str, Any] = {}
@@ -95,15 +96,7 @@ def import_traces(args: argparse.Namespace) -> int:
     reader = IMPORTERS[args.format](args.sources, on_error=skipped.append, **options)
     try:
         with TraceWriter(tmp) as writer:
-            bar = tqdm(
-                reader,
-                desc=f"import {args.format}",
-                unit=" traces",
-                file=sys.stderr,
-                disable=True if args.no_progress else None,  # None: only on a terminal
-                delay=1.0,  # small inputs finish before a bar appears
-            )
-            for trace in bar:
+            for trace in _progress(reader, f"import {args.format}", off=args.no_progress):
                 writer.write(trace)
             count = writer.count
         if count == 0:
@@ -134,6 +127,16 @@ def import_traces(args: argparse.Namespace) -> int:
         print(f"stopserve import: error: nothing imported; {out} not written", file=sys.stderr)
         return 2
     return 1 if skipped else 0
+
+
+def _progress(items: Iterable[_T], desc: str, *, off: bool) -> Iterable[_T]:
+    """``items`` with a progress bar on a terminal, when tqdm (the [train] extra) is installed."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # a service install: converting needs no bar
+        return items
+    # disable None: only on a terminal; delay: small inputs finish before a bar appears
+    return tqdm(items, desc=desc, unit=" traces", file=sys.stderr, disable=True if off else None, delay=1.0)
 
 
 def _reason(err: ImporterError) -> str:

@@ -1,6 +1,6 @@
-"""One exception tree for stopserve. Core modules raise these; the service maps
-them to HTTP status codes in one table (``stopserve/service/errors.py``) and the
-CLI prints them without a traceback.
+"""One exception tree for stopserve. Core modules raise these; one table
+(:mod:`stopserve.error_table`) gives each its HTTP status and ``type`` string for
+the service and the client, and the CLI prints them without a traceback.
 
 ::
 
@@ -20,17 +20,21 @@ CLI prints them without a traceback.
     │   └── RunLimitError          too many events, runs or bytes
     ├── TrainingError              the data cannot train or evaluate a policy
     ├── HookInputError             a harness's hook input (stdin JSON) is not what its protocol says
+    ├── LogUnavailableError        the service cannot write its decision or trace log
+    ├── StoreUnavailableError      the shared run store cannot be reached (try again)
     └── AuthError                  admin token missing or wrong
 
 Every error can carry :class:`Issue` objects: each names the file, line, trace
 id and field path it is about, so a message reads like
-``runs.jsonl:1042: trace 'abc': events[3].type: 'spwan' is not one of spawn, ...``.
+``runs.jsonl:1042: trace 'abc': events[3].type: 'spwan' is not one of spawn, ...``;
+:func:`pydantic_issues` makes them from a pydantic ``ValidationError.errors()`` list.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "AuthError",
@@ -38,6 +42,7 @@ __all__ = [
     "HookInputError",
     "ImporterError",
     "Issue",
+    "LogUnavailableError",
     "ModelError",
     "ModelIntegrityError",
     "ModelNotFoundError",
@@ -47,10 +52,14 @@ __all__ = [
     "RunLimitError",
     "RunNotFoundError",
     "StopServeError",
+    "StoreUnavailableError",
     "TraceError",
     "TraceFormatError",
     "TraceValidationError",
     "TrainingError",
+    "field_path",
+    "pydantic_issues",
+    "pydantic_message",
 ]
 
 
@@ -167,5 +176,88 @@ class HookInputError(StopServeError):
     """A Claude Code or Codex hook input is not what the harness's protocol says."""
 
 
+class LogUnavailableError(StopServeError):
+    """The service cannot write its decision or trace log: it does not answer what it cannot log."""
+
+
+class StoreUnavailableError(StopServeError):
+    """The shared run store cannot be reached, or a run's updates kept conflicting: try again."""
+
+
 class AuthError(StopServeError):
     """An admin endpoint was called without the right bearer token."""
+
+
+# --------------------------------------------------------------------------- pydantic errors as issues
+# One formatter for every pydantic validation error stopserve reports (a trace, a safety
+# config, a request body, settings, a client argument): plain dicts in, so no pydantic here.
+
+
+def field_path(loc: Iterable[int | str], *, prefix: str = "", skip: Container[str] = ()) -> str:
+    """A pydantic ``loc`` as a field path: ``("events", 3, "type")`` -> ``events[3].type``.
+
+    ``skip`` drops the names pydantic puts in a path for the member of a union it tried.
+
+    >>> field_path(("events", 3, "type"), prefix="body")
+    'body.events[3].type'
+    """
+    out = prefix
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in skip:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def pydantic_message(err: Mapping[str, Any]) -> str:
+    """One pydantic error as a short sentence, with the value it got when that helps.
+
+    >>> err = {"type": "literal_error", "input": "spwan", "ctx": {"expected": "'spawn' or 'stop'"}}
+    >>> pydantic_message(err)
+    "'spwan' is not one of spawn, stop"
+    """
+    kind = err.get("type")
+    value = err.get("input")
+    if kind in ("literal_error", "enum"):
+        expected = str((err.get("ctx") or {}).get("expected", ""))
+        expected = expected.replace("'", "").replace(" or ", ", ")
+        return f"{value!r} is not one of {expected}"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "extra_forbidden":
+        return "unknown field"
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if kind in _NO_VALUE or value is None or isinstance(value, dict | list):
+        return msg
+    return f"{msg} (got {_short(value)})"
+
+
+_NO_VALUE = frozenset({"value_error", "assertion_error", "json_invalid"})
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def pydantic_issues(
+    errors: Iterable[Mapping[str, Any]],
+    *,
+    prefix: str = "",
+    skip: Container[str] = (),
+    file: str | None = None,
+    line: int | None = None,
+    trace_id: str | None = None,
+) -> list[Issue]:
+    """Pydantic's ``exc.errors()`` as located issues (see :func:`field_path`, :func:`pydantic_message`)."""
+    return [
+        Issue(
+            pydantic_message(err),
+            file=file,
+            line=line,
+            trace_id=trace_id,
+            path=field_path(err.get("loc", ()), prefix=prefix, skip=skip) or None,
+        )
+        for err in errors
+    ]

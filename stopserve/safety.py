@@ -46,7 +46,7 @@ from pydantic import (
     model_validator,
 )
 
-from stopserve.errors import ConfigError, Issue
+from stopserve.errors import ConfigError, pydantic_issues
 from stopserve.features import LOOP_PATTERNS, RunState
 from stopserve.trace import Limit, StopReason, Trace, is_decision_point
 
@@ -326,9 +326,7 @@ class SafetyConfig(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            issues = [
-                Issue(_message(err), file=source, path=_path(err["loc"]) or None) for err in exc.errors()
-            ]
+            issues = pydantic_issues(exc.errors(), file=source, skip=_UNION_TAGS)
             where = f"{source}: " if source else ""
             raise ConfigError(f"{where}invalid safety config ({len(issues)} problems)", issues) from None
 
@@ -406,28 +404,7 @@ class SafetyConfig(BaseModel):
         return orjson.dumps(self.to_dict()).decode()
 
 
-def _path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part not in _UNION_TAGS:
-            out += part if not out else f".{part}"
-    return out
-
-
 _UNION_TAGS = frozenset({"int", "float", "bool", "str", "list[SafetyConfig]", "LoopConfig", "SafetyConfig"})
-
-
-def _message(err: Any) -> str:
-    kind = err.get("type")
-    if kind == "extra_forbidden":
-        return "unknown field"
-    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-    value = err.get("input")
-    if value is None or isinstance(value, dict | list):
-        return msg
-    return f"{msg} (got {value!r})"
 
 
 #: The one default set of safety nets (see the module docstring and docs/safety.md).

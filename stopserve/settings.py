@@ -5,8 +5,11 @@ except :class:`Settings` itself when constructed.
 
 >>> Settings(port=9000, max_runs=10).port
 9000
->>> Settings(_env={"STOPSERVE_PORT": "8181"}).port  # doctest: +SKIP
-8181
+>>> import os
+>>> os.environ["STOPSERVE_PORT"] = "8181"
+>>> Settings().port, Settings(port=9000).port   # the variable, unless given explicitly
+(8181, 9000)
+>>> del os.environ["STOPSERVE_PORT"]
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from stopserve.errors import ConfigError, Issue
+from stopserve.errors import ConfigError, Issue, pydantic_message
 
 __all__ = ["Settings", "default_model_dir", "load_settings"]
 
@@ -178,9 +181,12 @@ def load_settings(**overrides: Any) -> Settings:
             f"invalid settings: {exc}", [Issue(str(exc.__cause__ or exc), path="settings")]
         ) from None
     except ValidationError as exc:
-        issues = []
-        for err in exc.errors():
-            name = ".".join(str(p) for p in err["loc"])
-            where = f"STOPSERVE_{name.upper()}" if name else "settings"
-            issues.append(Issue(str(err.get("msg", "invalid")), path=where))
+        # each issue names the variable to fix (STOPSERVE_MAX_RUNS), or "settings" for a cross-field rule
+        issues = [
+            Issue(
+                pydantic_message(err),
+                path=f"STOPSERVE_{str(err['loc'][0]).upper()}" if err["loc"] else "settings",
+            )
+            for err in exc.errors()
+        ]
         raise ConfigError(f"invalid settings ({len(issues)} problems)", issues) from None

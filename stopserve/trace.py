@@ -30,7 +30,7 @@ from typing import IO, Any, Final, Literal, get_args
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from stopserve.errors import Issue, TraceFormatError, TraceValidationError
+from stopserve.errors import Issue, TraceFormatError, TraceValidationError, pydantic_issues
 
 __all__ = [
     "DECISION_POINT_TYPES",
@@ -270,39 +270,6 @@ def is_decision_point(event: Event) -> bool:
 _TRACE_FIELDS: Final = frozenset(Trace.model_fields) | {"format"}
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += part if not out else f".{part}"
-    return out
-
-
-def _pydantic_message(err: Mapping[str, Any]) -> str:
-    kind = err.get("type")
-    value = err.get("input")
-    if kind in ("literal_error", "enum"):
-        expected = (err.get("ctx") or {}).get("expected", "")
-        expected = expected.replace("'", "").replace(" or ", ", ")
-        return f"{value!r} is not one of {expected}"
-    if kind == "missing":
-        return "required field is missing"
-    if kind == "extra_forbidden":
-        return "unknown field"
-    msg = str(err.get("msg", "invalid"))
-    msg = msg.removeprefix("Value error, ")
-    if kind in ("value_error", "assertion_error") or value is None or isinstance(value, dict | list):
-        return msg
-    return f"{msg} (got {_short(value)})"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _semantic_issues(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Checks pydantic cannot express per field; tolerant of badly typed input."""
     out: list[tuple[str, str]] = []
@@ -363,12 +330,13 @@ def check_trace(
         # strict: JSON types must match (no "5" for 5, no true for a number)
         trace = Trace.model_validate(data, strict=True)
     except ValidationError as exc:
-        for err in exc.errors():
-            if str(err.get("msg", "")).removeprefix("Value error, ") in (_NEEDS_VALUE, _NEEDS_REASON):
-                continue  # reported with its field by _semantic_issues
-            issues.append(
-                Issue(_pydantic_message(err), file=file, line=line, trace_id=trace_id, path=_loc(err["loc"]))
-            )
+        # a missing reward value or stop reason is reported with its field by _semantic_issues
+        errs = [
+            err
+            for err in exc.errors()
+            if str(err.get("msg", "")).removeprefix("Value error, ") not in (_NEEDS_VALUE, _NEEDS_REASON)
+        ]
+        issues += pydantic_issues(errs, file=file, line=line, trace_id=trace_id)
     for path, message in _semantic_issues(data):
         issues.append(Issue(message, file=file, line=line, trace_id=trace_id, path=path))
     if strict:

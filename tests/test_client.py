@@ -134,6 +134,18 @@ def test_client_mistakes_raise_clear_errors(server: LiveServer) -> None:
             client.decide("c-closed", step(EventRecorder(), 1))
 
 
+def test_a_service_trace_error_arrives_as_a_trace_error(server: LiveServer) -> None:
+    # two clients share a run: the second's local state cannot see that its event goes back in time,
+    # only the service can; its TraceValidationError must reach the caller as one, issues and all
+    with StopClient(server.url, timeout=2.0) as first, StopClient(server.url, timeout=2.0) as second:
+        first.decide("c-shared", [{"id": "a1", "t": 10.0, "type": "return", "agent": "a"}])
+        with pytest.raises(TraceValidationError) as err:
+            second.decide("c-shared", [{"id": "b1", "t": 1.0, "type": "return", "agent": "a"}])
+    assert not isinstance(err.value, ConfigError)
+    assert "out of time order" in err.value.message
+    assert [i.path for i in err.value.issues] == ["events[0].t"]
+
+
 def test_client_mistake_can_degrade_instead_of_raising(server: LiveServer) -> None:
     with StopClient(server.url, timeout=2.0, raise_on_client_error=False) as client:
         d = client.decide("c-soft", step(EventRecorder(), 0), lam=-1.0)

@@ -91,6 +91,38 @@ def test_validate_in_a_real_process(tmp_path: Path) -> None:
     assert proc.stdout.splitlines()[-1].startswith("invalid: 1 of 1 traces invalid, 1 unreadable input(s)")
 
 
+def test_validate_stays_light(tmp_path: Path) -> None:
+    # the CLI imports a command's module only when it runs: validate needs no model, no server
+    good = _jsonl(tmp_path / "good.jsonl", _trace("abc"))
+    code = (
+        "import sys; from stopserve.cli import main; rc = main(['validate', sys.argv[1]]); "
+        "heavy = {'lightgbm', 'numpy', 'fastapi', 'starlette', 'uvicorn', 'tqdm', 'httpx'}; "
+        "print(sorted({n.split('.')[0] for n in sys.modules} & heavy), rc)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, good], capture_output=True, text=True, check=True)
+    assert proc.stdout.splitlines()[-1] == "[] 0", proc.stdout + proc.stderr
+
+
+def test_training_commands_name_their_extra_when_it_is_missing(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # None in sys.modules: "not installed"
+    traces = _jsonl(tmp_path / "t.jsonl", _trace("abc"))
+    assert main(["train", traces, "-o", str(tmp_path / "model")]) == 2
+    err = capsys.readouterr().err
+    assert "stopserve train: error: needs the [train] extra (tqdm not installed)" in err
+    assert "pip install 'stopserve[train]'" in err and "Traceback" not in err
+    assert not (tmp_path / "model").exists()
+
+
+def test_import_needs_no_progress_bar(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # a service install: no [train] extra
+    src = _jsonl(tmp_path / "in.jsonl", _trace("abc"))
+    out = tmp_path / "out.jsonl"
+    assert main(["import", "survey", src, "-o", str(out)]) == 0
+    assert "imported 1 traces" in capsys.readouterr().out and out.exists()
+
+
 def test_version_and_help_on_every_command(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         main(["--version"])

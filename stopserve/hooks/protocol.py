@@ -29,6 +29,7 @@ from typing import Any, Final, Literal
 import orjson
 
 from stopserve.errors import HookInputError, Issue
+from stopserve.ids import MAX_RUN_ID_CHARS, RUN_ID_CHARS
 
 __all__ = [
     "HARNESSES",
@@ -47,13 +48,13 @@ TOOL_EVENTS: Final = frozenset({"PreToolUse", "PostToolUse", "PostToolUseFailure
 #: a hook input larger than this is refused (it carries one tool call at most)
 MAX_INPUT_BYTES: Final = 16 * 1024 * 1024
 
-_RUN_ID_BAD: Final = re.compile(r"[^A-Za-z0-9._:@+-]")
+_RUN_ID_BAD: Final = re.compile(rf"[^{RUN_ID_CHARS}]")
 
 
 def _run_id(text: str) -> str:
-    """A service run id (``[A-Za-z0-9._:@+-]{1,256}``) for ``text``; unsafe characters become ``_``."""
+    """A service run id (:data:`stopserve.ids.RUN_ID_PATTERN`) for ``text``; unsafe characters: ``_``."""
     safe = _RUN_ID_BAD.sub("_", text)
-    if safe != text or len(safe) > 256:  # keep two ids that differ apart
+    if safe != text or len(safe) > MAX_RUN_ID_CHARS:  # keep two ids that differ apart
         safe = safe[:200] + "+" + hashlib.sha256(text.encode()).hexdigest()[:16]
     return safe
 

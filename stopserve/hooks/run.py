@@ -72,9 +72,12 @@ class _DeadlineError(Exception):
 
 
 class ServiceError(Exception):
-    """The service did not give a decision; ``final`` when resending would not help."""
+    """The service did not give a decision; ``final`` when resending would not help.
 
-    def __init__(self, message: str, *, final: bool = False, closed: bool = False) -> None:
+    ``closed`` says why the service will never take this run again (None: it may).
+    """
+
+    def __init__(self, message: str, *, final: bool = False, closed: str | None = None) -> None:
         super().__init__(message)
         self.final = final
         self.closed = closed
@@ -138,10 +141,13 @@ def _decide(url: str, run_id: str, body: Mapping[str, Any], timeout: float) -> d
         return data
     error = data.get("error") if isinstance(data, dict) else None
     detail = error.get("message") if isinstance(error, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
     message = f"service answered HTTP {status}" + (f": {detail}" if detail else "")
     if status == 409:
-        message += " (the run's outcome was posted; not asking again)"
-        raise ServiceError(message, final=True, closed=True)
+        # by the error's type (stopserve.error_table; not imported: the hook stays light)
+        why = "the service dropped it (run_evicted)" if kind == "run_evicted" else "its outcome was posted"
+        message += f" (the run: {why}; not asking again)"
+        raise ServiceError(message, final=True, closed=why)
     # 4xx: these events will never be taken as they are; 5xx/429: resend them next time
     raise ServiceError(message, final=400 <= status < 500 and status != 429)
 
@@ -169,19 +175,7 @@ def _read_transcript(path: str, st: dict[str, Any], mapper: TranscriptMapper) ->
         st["log"].append(f"transcript shrank below the last offset ({size} < {offset}); reading it anew")
         offset = 0
     lines, st["offset"], too_long = read_lines(path, offset, READ_BYTES)
-    for _ in range(too_long):
-        mapper.malformed()
-    events: list[dict[str, Any]] = []
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            mapper.malformed()
-            continue
-        events.extend(mapper.feed(obj))
-    return events
+    return mapper.feed_lines(lines, too_long)
 
 
 def run_hook(
@@ -236,8 +230,9 @@ def run_hook(
         record.update(events=len(events), lines=dict(mapper.counts))
         answer: dict[str, Any] | None = None
         decision: dict[str, Any] | None = None
-        if st.get("closed"):
-            record["error"] = "run closed on the service (its outcome was posted); not asked"
+        if closed := st.get("closed"):
+            why = closed if isinstance(closed, str) else "its outcome was posted"  # older state: True
+            record["error"] = f"run closed on the service ({why}); not asked"
         else:
             body: dict[str, Any] = {"events": pending, "proposed_stop": inp.kind == "stop"}
             if not st.get("started"):
@@ -256,7 +251,7 @@ def run_hook(
                     st["log"].append(f"dropped {len(pending)} events the service refused: {exc}")
                     pending = []
                 if exc.closed:
-                    st["closed"] = True
+                    st["closed"] = exc.closed
         st["pending"] = pending
         if decision is not None:
             answer = _answer(inp, decision, mapper, st=st, args=args, record=record)

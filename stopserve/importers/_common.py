@@ -1,5 +1,5 @@
 """Helpers every importer shares: finding files, loading JSON with located errors,
-content hashes, and turning a converted dict into a valid :class:`Trace`.
+and turning a converted dict into a valid :class:`Trace`.
 
 Importing this module stays light (no pydantic): the ``stopserve hook`` process maps
 transcript lines with the same helpers the importers use."""
@@ -7,7 +7,6 @@ transcript lines with the same helpers the importers use."""
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -24,11 +23,12 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "MAX_FILE_BYTES",
     "OnError",
-    "content_ref",
     "fail",
     "finish",
+    "is_json_lines",
     "iter_files",
     "iter_json_records",
+    "json_records",
     "load_json",
     "report",
 ]
@@ -41,17 +41,6 @@ CHARS_PER_TOKEN: Final = 4
 
 #: One foreign JSON document above this size is refused (bounds memory per run).
 MAX_FILE_BYTES: Final = 256 * 1024 * 1024
-
-
-def content_ref(content: Any) -> str:
-    """A short stable hash of text or JSON data: equal content, equal ref (never the raw text)."""
-    if isinstance(content, bytes):
-        raw = content
-    elif isinstance(content, str):
-        raw = content.encode("utf-8", "surrogatepass")
-    else:
-        raw = orjson.dumps(content, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
-    return "sha256:" + hashlib.sha256(raw).hexdigest()[:16]
 
 
 def fail(
@@ -80,14 +69,18 @@ def iter_files(
     suffixes: tuple[str, ...],
     *,
     skip_names: Iterable[str] = (),
+    skip_dirs: Iterable[str] = (),
 ) -> Iterator[Path]:
     """Files named by ``sources``: files as given, folders searched recursively (sorted).
 
-    Raises :class:`ImporterError` for a source that does not exist or a folder with no match.
+    In a folder, files named in ``skip_names`` and everything under a sub-folder named in
+    ``skip_dirs`` are passed over. Raises :class:`ImporterError` for a source that does not
+    exist or a folder with no match.
     """
     if isinstance(sources, str | os.PathLike):
         sources = [sources]
     skip = set(skip_names)
+    skip_in = set(skip_dirs)
     for source in sources:
         path = Path(source)
         if path.is_file():
@@ -96,9 +89,12 @@ def iter_files(
             found = False
             for child in sorted(path.rglob("*")):
                 name = child.name.lower()
-                if name.endswith(suffixes) and name not in skip and child.is_file():
-                    found = True
-                    yield child
+                if not name.endswith(suffixes) or name in skip or not child.is_file():
+                    continue
+                if skip_in and not skip_in.isdisjoint(child.relative_to(path).parts[:-1]):
+                    continue
+                found = True
+                yield child
             if not found:
                 raise fail(f"no {' or '.join(suffixes)} files in this folder", file=path)
         else:
@@ -130,6 +126,22 @@ def load_json(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
         raise fail(f"not valid JSON: {exc.msg} (column {exc.colno})", file=path, line=exc.lineno) from exc
 
 
+def is_json_lines(path: Path) -> bool:
+    """Whether ``path`` is read as JSON Lines (``.jsonl``/``.ndjson``, optionally ``.gz``)."""
+    return path.name.lower().removesuffix(".gz").endswith((".jsonl", ".ndjson"))
+
+
+def json_records(data: Any, path: Path) -> Iterator[tuple[None, Any]]:
+    """The records of one JSON document: each item of a list (an empty one is an error), else itself."""
+    if not isinstance(data, list):
+        yield None, data
+        return
+    if not data:
+        raise fail("file holds an empty list", file=path)
+    for item in data:
+        yield None, item
+
+
 def iter_json_records(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> Iterator[tuple[int | None, Any]]:
     """Yield ``(line, object)`` from a JSON Lines file, or ``(None, document)`` from a JSON file.
 
@@ -138,16 +150,8 @@ def iter_json_records(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> Iterato
     yielded as an :class:`ImporterError` naming file and line (the caller skips it
     or stops); an unreadable file raises.
     """
-    name = path.name.lower().removesuffix(".gz")
-    if not name.endswith((".jsonl", ".ndjson")):
-        data = load_json(path, max_bytes=max_bytes)
-        if isinstance(data, list):
-            if not data:
-                raise fail("file holds an empty list", file=path)
-            for item in data:
-                yield None, item
-        else:
-            yield None, data
+    if not is_json_lines(path):
+        yield from json_records(load_json(path, max_bytes=max_bytes), path)
         return
     try:
         fh = _open(path)

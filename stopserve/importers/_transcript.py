@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
 
-from stopserve.importers._common import content_ref, fail, finish
+from stopserve.ids import content_ref
+from stopserve.importers._common import fail, finish
 
 if TYPE_CHECKING:
     from stopserve.trace import Trace
@@ -227,6 +228,22 @@ class TranscriptMapper:
         """Count a line that is not JSON."""
         self.counts["lines"] += 1
         self.counts["malformed"] += 1
+
+    def feed_lines(self, lines: Iterable[bytes], too_long: int = 0) -> list[dict[str, Any]]:
+        """The events of raw JSON Lines (blank ones skipped, undecodable or too long ones counted)."""
+        for _ in range(too_long):
+            self.malformed()
+        events: list[dict[str, Any]] = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                self.malformed()
+                continue
+            events.extend(self.feed(obj))
+        return events
 
     def _map(self, obj: dict[str, Any]) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -469,17 +486,7 @@ def map_file(path: Path, mapper: TranscriptMapper) -> list[dict[str, Any]]:
     offset = 0
     while True:
         lines, offset_next, too_long = read_lines(str(path), offset, final=True)
-        for _ in range(too_long):
-            mapper.malformed()
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                mapper.malformed()
-                continue
-            events.extend(mapper.feed(obj))
+        events += mapper.feed_lines(lines, too_long)
         if offset_next == offset:
             return events
         offset = offset_next

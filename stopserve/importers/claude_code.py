@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from stopserve.errors import ImporterError
-from stopserve.importers._common import OnError, content_ref, fail, report
+from stopserve.ids import content_ref
+from stopserve.importers._common import OnError, fail, iter_files, report
 from stopserve.importers._transcript import (
     TranscriptMapper,
     build_trace,
@@ -357,26 +358,6 @@ def _agent_id(path: Path) -> str:
     return path.stem.removeprefix("agent-") or path.stem
 
 
-def _sessions(sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str]) -> Iterator[Path]:
-    if isinstance(sources, str | os.PathLike):
-        sources = [sources]
-    for source in sources:
-        path = Path(source)
-        if path.is_file():
-            yield path
-        elif path.is_dir():
-            found = False
-            for child in sorted(path.rglob("*.jsonl")):
-                if "subagents" in child.relative_to(path).parts[:-1] or not child.is_file():
-                    continue
-                found = True
-                yield child
-            if not found:
-                raise fail("no .jsonl session transcripts in this folder", file=path)
-        else:
-            raise fail("no such file or folder", file=path)
-
-
 def _agent_hints(path: Path) -> dict[str, str]:
     """Task/Agent tool_use id -> sub-agent id, from the results that name it (``toolUseResult.agentId``)."""
     import orjson
@@ -415,7 +396,8 @@ def read(
     >>> traces = read("~/.claude/projects/-home-me-app")  # doctest: +SKIP
     """
     rewards = read_labels(labels) if labels is not None else {}
-    for path in _sessions(sources):
+    # a sub-agent's transcript (under subagents/) is read with its parent session, not alone
+    for path in iter_files(sources, (".jsonl",), skip_dirs=("subagents",)):
         try:
             parts: list[tuple[TranscriptMapper, list[dict[str, Any]]]] = []
             transcripts = [(path, ClaudeCodeMapper(agent_ids=_agent_hints(path)))]

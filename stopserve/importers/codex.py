@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from stopserve.errors import ImporterError
-from stopserve.importers._common import OnError, content_ref, fail, report
+from stopserve.ids import content_ref
+from stopserve.importers._common import OnError, fail, report
 from stopserve.importers._transcript import (
     TranscriptMapper,
     build_trace,

@@ -43,7 +43,8 @@ from typing import Any, Final
 import orjson
 
 from stopserve.errors import ImporterError
-from stopserve.importers._common import OnError, content_ref, fail, finish, iter_files, load_json, report
+from stopserve.ids import content_ref
+from stopserve.importers._common import OnError, fail, finish, iter_files, load_json, report
 from stopserve.trace import FORMAT_TAG, Trace
 
 __all__ = ["read", "repo_of", "trace_from_mini", "trace_from_swe_agent"]
@@ -143,6 +144,20 @@ def _content_text(content: Any) -> str:
 
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
+
+
+def _call(k: int, t: float, tool: str, **fields: Any) -> dict[str, Any]:
+    """Step ``k``'s model call as a ``tool_use`` event (the agent runs ``tool``); ids ``s<k+1>.call``."""
+    event: dict[str, Any] = {
+        "id": f"s{k + 1}.call",
+        "t": t,
+        "type": "tool_use",
+        "agent": "agent",
+        "role": "assistant",
+        "tool": tool,
+    }
+    event.update(fields)
+    return event
 
 
 def _usage(msg: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:
@@ -285,16 +300,7 @@ def trace_from_mini(data: Any, file: str | os.PathLike[str], resolved: bool | No
         tokens = _tokens(usage)
         actions = _actions(msg)
         text = "\n".join(_content_text(o.get("content")) for o in observations)
-        use: dict[str, Any] = {
-            "id": f"s{k + 1}.call",
-            "t": t,
-            "type": "tool_use",
-            "agent": "agent",
-            "role": "assistant",
-            "tool": "bash",
-            "tokens": tokens,
-            "source_index": i,
-        }
+        use = _call(k, t, "bash", tokens=tokens, source_index=i)
         cost = usage.get("cost")
         if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0:
             use["usd"] = float(cost)
@@ -452,16 +458,8 @@ def trace_from_swe_agent(data: Any, file: str | os.PathLike[str], resolved: bool
             raise fail("expected the action as a string", file=file, path=f"trajectory[{k}].action")
         words = action.strip().split(maxsplit=1)
         tool = words[0] if words else "empty"
-        use: dict[str, Any] = {
-            "id": f"s{k + 1}.call",
-            "t": t,
-            "type": "tool_use",
-            "agent": "agent",
-            "role": "assistant",
-            "tool": tool,
-            "content_ref": content_ref(action),
-            "tokens": total_tokens // n + (1 if k < total_tokens % n else 0),
-        }
+        use = _call(k, t, tool, content_ref=content_ref(action))
+        use["tokens"] = total_tokens // n + (1 if k < total_tokens % n else 0)
         if usd_total is not None:
             use["usd"] = usd_total / n
         events.append(use)

@@ -43,10 +43,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from stopserve.errors import ImporterError
+from stopserve.ids import content_ref
 from stopserve.importers._common import (
     CHARS_PER_TOKEN,
     OnError,
-    content_ref,
     fail,
     finish,
     iter_files,

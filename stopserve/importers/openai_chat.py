@@ -41,14 +41,16 @@ from pathlib import Path
 from typing import Any, Final
 
 from stopserve.errors import ImporterError
+from stopserve.ids import content_ref
 from stopserve.importers._common import (
     CHARS_PER_TOKEN,
     OnError,
-    content_ref,
     fail,
     finish,
+    is_json_lines,
     iter_files,
     iter_json_records,
+    json_records,
     load_json,
     report,
 )
@@ -312,16 +314,11 @@ def read(
 
 
 def _runs(path: Path) -> Iterator[tuple[int | None, Any]]:
-    if path.name.lower().removesuffix(".gz").endswith((".jsonl", ".ndjson")):
+    if is_json_lines(path):
         yield from iter_json_records(path)
         return
     data = load_json(path)
     if isinstance(data, list) and data and all(isinstance(m, dict) and "role" in m for m in data):
         yield None, data  # one run as a bare message list
-    elif isinstance(data, list):
-        if not data:
-            raise fail("file holds an empty list", file=path)
-        for item in data:
-            yield None, item
     else:
-        yield None, data
+        yield from json_records(data, path)

@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from stopserve.errors import ImporterError
+from stopserve.ids import content_ref
 from stopserve.importers._common import (
     OnError,
-    content_ref,
     fail,
     finish,
     iter_files,
@@ -64,7 +64,6 @@ from stopserve.trace import FORMAT_TAG, Trace
 __all__ = ["INFERENCE_OPERATIONS", "read"]
 
 INFERENCE_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content", "embeddings"})
-_AGENT_OPERATIONS: Final = frozenset({"create_agent", "invoke_agent", "execute_tool"})
 _TASK_KEYS: Final = ("stopserve.task_id", "task.id", "gen_ai.conversation.id")
 _SUFFIXES: Final = (".json", ".jsonl", ".jsonl.gz", ".json.gz", ".ndjson")
 _STATUS_ERROR: Final = ("STATUS_CODE_ERROR", 2)

@@ -34,7 +34,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from stopserve.api import DecideResponse, OutcomeResponse
-from stopserve.client import DEFAULT_TIMEOUT, AsyncStopClient, content_ref
+from stopserve.client import DEFAULT_TIMEOUT, AsyncStopClient
+from stopserve.ids import content_ref
 from stopserve.integrations._common import (
     Outbox,
     RunClock,

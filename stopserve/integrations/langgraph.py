@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stopserve.api import DecideResponse, OutcomeResponse
-from stopserve.client import DEFAULT_TIMEOUT, StopClient, content_ref
+from stopserve.client import DEFAULT_TIMEOUT, StopClient
+from stopserve.ids import content_ref
 from stopserve.integrations._common import (
     Outbox,
     RunClock,

@@ -54,7 +54,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from stopserve.api import DecideResponse, OutcomeResponse
-from stopserve.client import DEFAULT_TIMEOUT, AsyncStopClient, content_ref
+from stopserve.client import DEFAULT_TIMEOUT, AsyncStopClient
+from stopserve.ids import content_ref
 from stopserve.integrations._common import (
     Outbox,
     RunClock,

@@ -51,7 +51,6 @@ from stopserve.api import (
     BatchDecideResponse,
     DecideRequest,
     DecideResponse,
-    ErrorBody,
     HealthResponse,
     ModelInfo,
     OutcomeRequest,
@@ -62,8 +61,10 @@ from stopserve.api import (
     RunInfo,
     StatelessDecideRequest,
 )
+from stopserve.error_table import openapi_responses
 from stopserve.errors import AuthError, ConfigError, Issue, RunLimitError, StopServeError
-from stopserve.service.engine import Engine, LogUnavailableError, StoreUnavailableError, load_policy
+from stopserve.ids import RUN_ID_PATTERN
+from stopserve.service.engine import Engine, load_policy
 from stopserve.service.errors import error_response, install_error_handlers
 from stopserve.service.metrics import CONTENT_TYPE, Metrics
 from stopserve.settings import Settings, load_settings
@@ -72,7 +73,6 @@ __all__ = ["LeanRoute", "app_from_env", "create_app", "serve_command"]
 
 _log = logging.getLogger("stopserve.service")
 
-RUN_ID_PATTERN = r"^[A-Za-z0-9._:@+-]{1,256}$"
 #: Bodies up to this size are validated inline on the event loop; larger ones in a worker thread.
 SMALL_BODY: Final = 16 * 1024
 
@@ -85,17 +85,8 @@ RunId = Annotated[
     ),
 ]
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": text}
-    for code, text in (
-        (401, "Missing or wrong admin token"),
-        (404, "Unknown run or model directory"),
-        (409, "Run closed or in conflict"),
-        (413, "Body or events over a limit"),
-        (422, "Invalid request: each issue names the field"),
-        (503, "Decision log unavailable"),
-    )
-}
+#: Every error a route may answer, from the one table (status -> body and ``type`` strings).
+_ERRORS: Final = openapi_responses()
 
 _bearer = HTTPBearer(auto_error=False, description="STOPSERVE_ADMIN_TOKEN")
 
@@ -485,16 +476,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
-
-    async def log_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(503, "log_unavailable", str(exc))
-
-    app.add_exception_handler(LogUnavailableError, log_unavailable)
-
-    async def store_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(503, "store_unavailable", str(exc))
-
-    app.add_exception_handler(StoreUnavailableError, store_unavailable)
     generic = app.exception_handlers[StopServeError]
 
     async def too_many(request: Request, exc: Exception) -> Response:

@@ -50,9 +50,11 @@ from stopserve.api import (
     StatelessDecideRequest,
 )
 from stopserve.artifacts import ModelArtifact, load_model_dir
+from stopserve.error_table import error_detail
 from stopserve.errors import (
     ConfigError,
     Issue,
+    LogUnavailableError,
     ModelError,
     ModelIntegrityError,
     ModelNotFoundError,
@@ -83,7 +85,7 @@ from stopserve.service.store import (
 from stopserve.settings import Settings
 from stopserve.trace import Event, Stop, check_trace
 
-__all__ = ["Engine", "LogUnavailableError", "Serving", "StoreUnavailableError", "load_policy"]
+__all__ = ["Engine", "Serving", "load_policy"]
 
 _log = logging.getLogger("stopserve.service")
 
@@ -101,10 +103,6 @@ _SAFETY_DEPTH: Final = 8
 _SAFETY_ITEMS: Final = 64
 
 _T = TypeVar("_T")
-
-
-class LogUnavailableError(Exception):
-    """The decision log cannot be written: the decision is not answered (503)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,8 +426,6 @@ class Engine:
     def decide_batch(self, req: BatchDecideRequest) -> BatchDecideResponse:
         """Decide for many runs; one run's error does not fail the others."""
         self._check_batch(req)
-        from stopserve.service.errors import error_detail  # FastAPI-free helper, imported lazily
-
         results: list[BatchResult] = []
         for i, item in enumerate(req.runs):
             try:
@@ -437,8 +433,6 @@ class Engine:
                 results.append(BatchResult(run_id=item.run_id, decision=self.decide(item.run_id, item)))
             except StopServeError as exc:
                 results.append(BatchResult(run_id=item.run_id, error=_slot_error(error_detail(exc), i)))
-            except (LogUnavailableError, StoreUnavailableError) as exc:
-                results.append(BatchResult(run_id=item.run_id, error=_unavailable_slot_error(exc, i)))
             except Exception:  # a bug on one run must not lose the others' answers
                 _log.exception("batch item %d (run %r) failed", i, item.run_id)
                 results.append(BatchResult(run_id=item.run_id, error=_internal_slot_error(i)))
@@ -451,7 +445,6 @@ class Engine:
         a run named twice is decided twice, in request order.
         """
         self._check_batch(req)
-        from stopserve.service.errors import error_detail
 
         async def one(i: int, item: Any) -> dict[str, Any]:
             try:
@@ -459,9 +452,6 @@ class Engine:
                 return {"run_id": item.run_id, "decision": decision, "error": None}
             except StopServeError as exc:
                 detail = _slot_error(error_detail(exc), i)
-                return {"run_id": item.run_id, "decision": None, "error": detail.model_dump(mode="json")}
-            except (LogUnavailableError, StoreUnavailableError) as exc:
-                detail = _unavailable_slot_error(exc, i)
                 return {"run_id": item.run_id, "decision": None, "error": detail.model_dump(mode="json")}
             except Exception:  # a bug on one run must not lose the others' answers
                 _log.exception("batch item %d (run %r) failed", i, item.run_id)
@@ -1067,17 +1057,10 @@ def _internal_slot_error(i: int) -> ErrorDetail:
     )
 
 
-def _unavailable_slot_error(exc: LogUnavailableError | StoreUnavailableError, i: int) -> ErrorDetail:
-    return ErrorDetail(
-        type="log_unavailable" if isinstance(exc, LogUnavailableError) else "store_unavailable",
-        message=str(exc),
-        status=503,
-        issues=[ErrorIssue(field=f"runs[{i}]", message=str(exc))],
-    )
-
-
 def _slot_error(detail: ErrorDetail, i: int) -> ErrorDetail:
-    """A run's error in a batch, its fields located under ``runs[i]``."""
+    """A run's error in a batch, its fields located under ``runs[i]`` (at least one issue names it)."""
     for issue in detail.issues:
         issue.field = f"runs[{i}].{issue.field}" if issue.field else f"runs[{i}]"
+    if not detail.issues:
+        detail.issues.append(ErrorIssue(field=f"runs[{i}]", message=detail.message))
     return detail

@@ -30,6 +30,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
+from stopserve.errors import StoreUnavailableError
 from stopserve.features import RunState
 from stopserve.trace import Budget
 
@@ -198,10 +199,6 @@ class RunStore(Protocol):
 
     def __len__(self) -> int:
         """Live runs."""
-
-
-class StoreUnavailableError(Exception):
-    """The shared run store cannot be reached, or a run's updates kept conflicting: 503."""
 
 
 class MemoryRunStore:

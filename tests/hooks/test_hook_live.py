@@ -323,3 +323,28 @@ def test_codex_stop_and_loop(server: LiveServer, tmp_path: Path, state: Path) ->
     assert answers.index(ended) == 2 and ended["continue"] is False
     assert "the same call failed again and again (last: Bash: cargo test)" in ended["stopReason"]
     assert records(state)[3]["pattern"] == "repeated_action_error"
+
+
+def test_a_run_the_service_dropped_is_told_apart_from_a_closed_one(tmp_path: Path, state: Path) -> None:
+    with LiveServer(log_dir=tmp_path / "logs", no_model=True, env={"STOPSERVE_MAX_RUNS": "1"}) as srv:
+        s = ClaudeSession(tmp_path / "proj", "sess-dropped")
+        s.user("Fix the typo")
+        s.bash("toolu_1", "make check", "ok")
+        s.say("Fixed.")
+        assert run_hook("claude-code", s.stop(), url=srv.url, state=state).rc == 0
+        other = ClaudeSession(tmp_path / "proj2", "sess-other")  # the store holds one run: this one wins
+        other.user("Something else")
+        other.say("On it.")
+        assert run_hook("claude-code", other.stop(), url=srv.url, state=tmp_path / "state2").rc == 0
+        s.user("one more thing")
+        s.say("Done.")
+        dropped = run_hook("claude-code", s.stop(), url=srv.url, state=state)
+        assert dropped.rc == 0 and dropped.answer is None  # the agent may stop: fail open
+        error = records(state)[-1]["error"]
+        assert "run_evicted" in error and "outcome was posted" not in error
+        s.say("And now?")
+        again = run_hook("claude-code", s.stop(), url=srv.url, state=state)
+        assert again.answer is None
+        assert records(state)[-1]["error"] == (
+            "run closed on the service (the service dropped it (run_evicted)); not asked"
+        )

@@ -12,8 +12,8 @@ import pytest
 
 from stopserve.cli import main
 from stopserve.errors import ImporterError
+from stopserve.ids import content_ref
 from stopserve.importers import IMPORTERS
-from stopserve.importers._common import content_ref
 from stopserve.importers.claude_code import ClaudeCodeMapper, read, tool_payload
 from stopserve.trace import is_decision_point, read_traces
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from stopserve.cli import main
+from stopserve.ids import content_ref
 from stopserve.importers import IMPORTERS
-from stopserve.importers._common import content_ref
 from stopserve.importers.intercode import INSTRUCTION_TOKENS, is_error_output, read
 from stopserve.trace import Trace, is_decision_point, read_traces
 

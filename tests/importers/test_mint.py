@@ -25,8 +25,8 @@ import pytest
 
 from stopserve.cli import main
 from stopserve.errors import ImporterError
+from stopserve.ids import content_ref
 from stopserve.importers import IMPORTERS
-from stopserve.importers._common import content_ref
 from stopserve.importers.mint import apportion, is_error_output, parse_path, read
 from stopserve.trace import Trace, read_traces
 

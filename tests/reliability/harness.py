@@ -25,6 +25,7 @@ import orjson
 __all__ = [
     "Disk",
     "Load",
+    "fill_hostile_run",
     "hostile_bodies",
     "logged_decisions",
     "rss_kib",
@@ -129,6 +130,16 @@ def rss_kib(pid: int) -> tuple[int, int]:
         elif line.startswith("VmHWM:"):
             peak = int(line.split()[1])
     return now, peak
+
+
+def fill_hostile_run(http: httpx.Client, calls: int, run_id: str = "hostile") -> None:
+    """Grow one run with fat events (8 x 12 kB a call) until the service refuses it (413) or ``calls`` end."""
+    for k in range(calls):
+        fat = [
+            {"id": f"f{k}-{j}", "t": k, "type": "return", "agent": "a", "n": "x" * 12_000} for j in range(8)
+        ]
+        if http.post(f"/v1/runs/{run_id}/decide", json={"events": fat}).status_code == 413:
+            return
 
 
 def hostile_bodies(max_body: int) -> dict[str, bytes]:

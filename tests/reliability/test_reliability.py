@@ -17,7 +17,16 @@ import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Disk, Load, hostile_bodies, hostile_senders, logged_decisions, rss_kib, turn
+from harness import (
+    Disk,
+    Load,
+    fill_hostile_run,
+    hostile_bodies,
+    hostile_senders,
+    logged_decisions,
+    rss_kib,
+    turn,
+)
 from servers import LiveServer
 
 
@@ -154,13 +163,7 @@ def test_memory_stays_under_the_byte_caps_with_10000_runs_and_a_hostile_one(tmp_
                         headers={"content-type": "application/json"},
                     )
                     assert r.status_code == 200
-            for k in range(2000):
-                fat = [
-                    {"id": f"f{k}-{j}", "t": k, "type": "return", "agent": "a", "n": "x" * 12000}
-                    for j in range(8)
-                ]
-                if http.post("/v1/runs/hostile/decide", json={"events": fat}).status_code == 413:
-                    break
+            fill_hostile_run(http, 2000)
             text = http.get("/metrics").text
         _, peak = rss_kib(server.proc.pid)
     store = next(float(x.split()[1]) for x in text.splitlines() if x.startswith("stopserve_store_bytes "))

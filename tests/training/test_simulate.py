@@ -239,7 +239,7 @@ def test_dp_matches_a_case_solved_by_hand() -> None:
 def test_tiny_model_simulated_value_matches_dp() -> None:
     """The generator follows the dynamics the DP assumes: Monte Carlo mean of the realized
     optimal value is the DP value (here exactly computable, noise-free grades)."""
-    import stopserve.training.simulate as sim
+    import stopserve.training.simulate.generate as sim
 
     model = _tiny_model()
     rule = solve(model, 1.0)
@@ -368,7 +368,7 @@ def test_optimum_beats_every_tuned_heuristic_on_fresh_seeds(
 
 def test_model_changes_reach_the_generator() -> None:
     """A stuck-free, regression-free model produces no loops and no regressions."""
-    import stopserve.training.simulate as sim
+    import stopserve.training.simulate.generate as sim
 
     calm = replace(model_for("centralized"), p_stuck=0.0, p_down=0.0)
     for i in range(100):

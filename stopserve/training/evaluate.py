@@ -51,6 +51,7 @@ from stopserve.training.heuristics import (
     Replay,
     TunedHeuristic,
     cross_fit_heuristics,
+    oracle_mask,
     tune_heuristics,
 )
 from stopserve.training.heuristics import replay as replay_mask
@@ -75,14 +76,6 @@ class _Fixed:
     def decide(self, state: RunState, **kw: Any) -> Any:
         kw.update(lam=self.lam, cost_share=self.cost_share)
         return self.policy.decide(state, **kw)
-
-
-def _oracle_mask(dp: DecisionPoints, lam: float) -> npt.NDArray[np.bool_]:
-    r = dp.r_stop(lam)
-    best_row = np.maximum.reduceat(r, dp.offsets[:-1])
-    best = np.maximum(best_row, dp.trace_q_final - lam * dp.trace_c_final)
-    # earliest row reaching the hindsight best; none when only the logged end does
-    return np.asarray(r >= best[dp.trace_idx] - 1e-12, dtype=bool)
 
 
 def _metrics(
@@ -298,7 +291,7 @@ def evaluate(
     for h in HEURISTICS:
         rep[h] = replay_rows(dp, stops[j], value_lam)
         j += 1
-    rep["oracle"] = replay_mask(dp, _oracle_mask(dp, value_lam), value_lam)
+    rep["oracle"] = replay_mask(dp, oracle_mask(dp, value_lam), value_lam)
 
     optimal: FloatArray | None = None
     if np.isfinite(dp.optimal_value).all():

@@ -62,6 +62,7 @@ from stopserve.training.heuristics import (
     TunedHeuristic,
     cross_fit_heuristics,
     group_folds,
+    oracle_mask,
     replay,
     tune_heuristics,
 )
@@ -801,9 +802,7 @@ class PolicyLearner:
         for j, h in enumerate(HEURISTICS, start=1):
             reps[h] = replay_rows(dp, stops[j], st.lam_value)
         reps["behavior"] = replay(dp, np.zeros(dp.n_rows, dtype=bool), st.lam_value)
-        r_stop = dp.r_stop(st.lam_value)
-        best_row = np.maximum.reduceat(r_stop, dp.offsets[:-1])
-        reps["oracle"] = replay(dp, r_stop >= np.repeat(best_row, np.diff(dp.offsets)) - 1e-12, st.lam_value)
+        reps["oracle"] = replay(dp, oracle_mask(dp, st.lam_value), st.lam_value)
         return reps
 
     def _guard(self, st: _FitState, reps: Mapping[str, Replay], best_heur: str) -> dict[str, Any]:

@@ -14,7 +14,6 @@ to a :class:`stopserve.safety.SafetyConfig`, so it can ship as a policy.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
@@ -31,6 +30,7 @@ __all__ = [
     "TunedHeuristic",
     "cross_fit_heuristics",
     "group_folds",
+    "oracle_mask",
     "policy_mask",
     "replay",
     "sweep",
@@ -248,6 +248,15 @@ def _candidates(dp: DecisionPoints, param: str) -> list[Any]:
     raise ValueError(param)
 
 
+def oracle_mask(dp: DecisionPoints, lam: float) -> BoolArray:
+    """Hindsight: each trace's earliest decision point worth its best ``q − λ·c`` (the logged end
+    included: a trace whose end is worth most is never stopped)."""
+    r = dp.r_stop(lam)
+    best_row = np.maximum.reduceat(r, dp.offsets[:-1])
+    best = np.maximum(best_row, dp.trace_q_final - lam * dp.trace_c_final)
+    return np.asarray(r >= best[dp.trace_idx] - 1e-12, dtype=bool)
+
+
 def policy_mask(dp: DecisionPoints, fires: BoolArray) -> BoolArray:
     """Where a served policy whose base rule fires at ``fires`` (and that has no model) stops.
 
@@ -372,10 +381,3 @@ def cross_fit_heuristics(
             )
         )
     return fold, tuned
-
-
-def _rows_of(dp: DecisionPoints, traces: Sequence[int] | IntArray) -> IntArray:
-    idx = np.asarray(traces, dtype=np.int64)
-    if idx.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    return np.concatenate([np.arange(dp.offsets[i], dp.offsets[i + 1]) for i in idx]).astype(np.int64)

@@ -25,7 +25,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -43,10 +43,8 @@ __all__ = [
     "features_command",
     "fold_events",
     "load_decision_points",
-    "resolve_cost_unit",
 ]
 
-CostUnit = Literal["usd", "ktokens", "seconds"]
 COST_UNITS: Final[tuple[str, ...]] = ("usd", "ktokens", "seconds")
 
 #: How traces are grouped for cross-validation: by task id, by repository (the task id's
@@ -193,31 +191,6 @@ class DecisionPoints:
 # --------------------------------------------------------------------------- cost unit
 
 
-def _event_costed(tokens: int | None, usd: float | None) -> bool:
-    return tokens is not None or usd is not None
-
-
-def resolve_cost_unit(traces: Iterable[Trace], override: str | None = None) -> str:
-    """``"usd"`` when every costed event carries ``usd``, else ``"ktokens"``; ``override`` wins.
-
-    A *costed* event is one that carries ``tokens`` or ``usd``; events that cost
-    nothing (a reward, a stop) are not counted as missing money. With no costed
-    event at all the unit is ``"ktokens"`` (every cost is then 0).
-    """
-    if override is not None:
-        if override not in COST_UNITS:
-            raise TrainingError(f"cost unit {override!r} is not one of {', '.join(COST_UNITS)}")
-        return override
-    any_usd = False
-    for trace in traces:
-        for ev in trace.events:
-            if ev.usd is not None:
-                any_usd = True
-            elif ev.tokens is not None:
-                return "ktokens"
-    return "usd" if any_usd else "ktokens"
-
-
 # --------------------------------------------------------------------------- loop flag
 
 
@@ -309,7 +282,8 @@ def build_decision_points(
     """Fold every trace once and collect one row per decision point.
 
     ``cost_unit`` None picks ``"usd"`` when every costed event carries usd, else
-    ``"ktokens"`` (see :func:`resolve_cost_unit`); a missing cost on an event
+    ``"ktokens"`` (a *costed* event carries ``tokens`` or ``usd``; events that cost
+    nothing, a reward or a stop, are not missing money); a missing cost on an event
     counts as 0 in the unit chosen. ``group_by`` is ``"task"`` (the task id) or
     ``"repo"`` (the task id's prefix before ``"__"``, e.g. ``django`` for
     ``django__django-12345``). ``stop_rules`` are called as ``rule(state,

@@ -14,7 +14,7 @@ from stopserve.cli import main
 from stopserve.errors import TrainingError
 from stopserve.features import FEATURE_NAMES, RunState
 from stopserve.trace import Trace, is_decision_point, write_traces
-from stopserve.training.labels import build_decision_points, resolve_cost_unit
+from stopserve.training.labels import build_decision_points
 
 
 def test_outcome_only_labels_are_zero_until_the_last_decision_point() -> None:
@@ -53,11 +53,9 @@ def test_labels_from_rewards_read_the_quality_channel() -> None:
 
 def test_cost_unit_falls_back_to_ktokens_and_can_be_overridden() -> None:
     traces = [step_trace("a", "t1", 2), step_trace("b", "t2", 2, usd=None, tokens=1500)]
-    assert resolve_cost_unit(traces) == "ktokens"
-    assert resolve_cost_unit(traces[:1]) == "usd"
-    assert resolve_cost_unit(traces, override="seconds") == "seconds"
+    assert build_decision_points(traces[:1]).cost_unit == "usd"
     with pytest.raises(TrainingError, match="'eur'"):
-        resolve_cost_unit(traces, override="eur")
+        build_decision_points(traces, cost_unit="eur")
     dp = build_decision_points(traces)
     assert dp.cost_unit == "ktokens"
     np.testing.assert_allclose(dp.c, [1.0, 2.0, 1.5, 3.0])

@@ -44,7 +44,7 @@ from stopserve.errors import TrainingError
 from stopserve.features import RunState
 from stopserve.policy import Policy
 from stopserve.trace import Trace
-from stopserve.training.fit import TraceSource
+from stopserve.training.fit import Backend, LocalBackend, TraceSource
 from stopserve.training.heuristics import (
     HEURISTICS,
     HeuristicRule,
@@ -54,8 +54,8 @@ from stopserve.training.heuristics import (
     tune_heuristics,
 )
 from stopserve.training.heuristics import replay as replay_mask
-from stopserve.training.labels import DecisionPoints, FloatArray, build_decision_points
-from stopserve.training.replay import replay_decide, replay_rows
+from stopserve.training.labels import DecisionPoints, FloatArray
+from stopserve.training.replay import replay_rows
 
 __all__ = ["LAMBDA_SWEEP", "evaluate", "evaluate_command", "plot_pareto"]
 
@@ -187,6 +187,7 @@ def evaluate(
     n_boot: int = N_BOOT,
     sweep: bool = False,
     progress: bool = False,
+    backend: Backend | None = None,
 ) -> dict[str, Any]:
     """Replay every policy on the evaluated traces; return the report as JSON-ready data.
 
@@ -195,6 +196,8 @@ def evaluate(
     (a cost share of 0.3 without a model). ``sweep`` adds the Pareto sweeps
     (``report["sweeps"]``: the learned policy at multiples of its λ or cost share, each
     single-net heuristic over its parameter), every point replayed through ``decide``.
+    ``backend`` (default in this process) builds the decision points and runs the
+    replays, e.g. mapped over the partitions of a Dask cluster.
     """
     if lam is not None and cost_share is not None:
         raise TrainingError("give lambda or cost share, not both")
@@ -207,6 +210,7 @@ def evaluate(
         else:
             cost_share = 0.3
     notes: list[str] = []
+    run = backend if backend is not None else LocalBackend()
     source = traces if isinstance(traces, TraceSource) else TraceSource(traces)
     tune_source = (
         None if tune_on is None else tune_on if isinstance(tune_on, TraceSource) else TraceSource(tune_on)
@@ -218,21 +222,24 @@ def evaluate(
     tune_dp: DecisionPoints | None = None
     scales: dict[str, float] | None = None
     if tune_source is not None:
-        tune_dp = build_decision_points(
-            iter(tune_source),
+        tune_dp = run.decision_points(
+            tune_source,
             cost_unit=unit,
             labels_from_rewards=labels_from_rewards,
             group_by=group_by,
+            progress=False,
+            nets=None,
             normalize_cost=by_share,
         )
         unit = tune_dp.cost_unit
         scales = tune_dp.mean_costs()
-    dp = build_decision_points(
-        iter(source),
+    dp = run.decision_points(
+        source,
         cost_unit=unit,
         labels_from_rewards=labels_from_rewards,
         group_by=group_by,
         progress=progress,
+        nets=None,
         normalize_cost=by_share,
         cost_scales=scales,
     )
@@ -281,8 +288,8 @@ def evaluate(
                 sweep_meta.append((name, x))
     kw: dict[str, Any] = {"cost_share": cost_share} if by_share else {"lam": lam}
     learned = [] if model_policy is None else [model_policy]
-    stops = replay_decide(
-        iter(source),
+    stops = run.replay(
+        source,
         dp,
         lambda i: [*learned, *heur_for[int(fold[i])], *extra],
         progress=progress,

@@ -480,19 +480,30 @@ def evaluate_command(args: argparse.Namespace) -> int:
             f"({args.model}/manifest.json); evaluate in {model_unit!r}"
         )
     labels_from_rewards = bool(args.labels_from_rewards or manifest.get("labels_from_rewards", False))
-    report = evaluate(
-        policy,
-        [str(p) for p in args.traces],
-        lam=args.lam,
-        cost_share=args.cost_share,
-        tune_on=[str(p) for p in args.tune_on] if args.tune_on else None,
-        cost_unit=args.cost_unit or model_unit,
-        labels_from_rewards=labels_from_rewards,
-        group_by=args.group_by,
-        seed=args.seed,
-        sweep=bool(args.plot),
-        progress=not args.json and sys.stderr.isatty(),
-    )
+    progress = not args.json and sys.stderr.isatty()
+    backend = None
+    if getattr(args, "dask", None) is not None:
+        from stopserve.training.distributed import DaskBackend
+
+        backend = DaskBackend.from_args(args, progress=progress)
+    try:
+        report = evaluate(
+            policy,
+            [str(p) for p in args.traces],
+            lam=args.lam,
+            cost_share=args.cost_share,
+            tune_on=[str(p) for p in args.tune_on] if args.tune_on else None,
+            cost_unit=args.cost_unit or model_unit,
+            labels_from_rewards=labels_from_rewards,
+            group_by=args.group_by,
+            seed=args.seed,
+            sweep=bool(args.plot),
+            progress=progress,
+            backend=backend,
+        )
+    finally:
+        if backend is not None:
+            backend.close()
     if args.plot:
         plot_pareto(report, args.plot)
     if args.json:

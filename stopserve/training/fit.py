@@ -1120,7 +1120,25 @@ def train_command(args: argparse.Namespace) -> int:
     features: str | list[str] = args.features
     if features not in ("all", "scale-free"):
         features = [f.strip() for f in str(features).split(",") if f.strip()]
-    learner = PolicyLearner(
+    backend = None
+    if getattr(args, "dask", None) is not None:
+        from stopserve.training.distributed import DaskBackend
+
+        backend = DaskBackend.from_args(args, progress=progress)
+    try:
+        learner = _train_learner(args, features, progress, backend)
+        out = learner.save(args.output)
+    finally:
+        if backend is not None:
+            backend.close()
+    _print_summary(learner, out)
+    return 0
+
+
+def _train_learner(
+    args: argparse.Namespace, features: str | list[str], progress: bool, backend: Backend | None
+) -> PolicyLearner:
+    return PolicyLearner(
         lam=args.lam,
         cost_share=args.cost_share,
         cost_scale=args.cost_scale.replace("-", "_"),
@@ -1131,13 +1149,16 @@ def train_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         min_groups=args.min_groups,
         progress=progress,
+        backend=backend,
     ).fit(
         [str(p) for p in args.traces],
         cost_unit=args.cost_unit,
         labels_from_rewards=args.labels_from_rewards,
         group_by=args.group_by,
     )
-    out = learner.save(args.output)
+
+
+def _print_summary(learner: PolicyLearner, out: Path) -> None:
     dp = learner.dp_
     cv = learner.cv_
     guard = learner.guard_
@@ -1177,4 +1198,3 @@ def train_command(args: argparse.Namespace) -> int:
         f"{guard['in_sample_value']:.4f}; wrote {out}",
         file=sys.stderr,
     )
-    return 0

@@ -42,11 +42,14 @@ __all__ = [
     "DecisionPoints",
     "assemble_decision_points",
     "build_decision_points",
+    "choose_cost_unit",
     "decision_part",
+    "feature_columns",
     "features_command",
     "fold_events",
     "load_decision_points",
     "resolve_cost_unit",
+    "write_features_csv",
 ]
 
 CostUnit = Literal["usd", "ktokens", "seconds"]
@@ -551,6 +554,22 @@ def decision_part(
     )
 
 
+def choose_cost_unit(flags: Iterable[tuple[bool, bool]], override: str | None = None) -> str:
+    """The cost unit of the decision points of some parts: ``override``, else usd or ktokens.
+
+    ``flags`` holds each part's ``(any_usd, every_costed_has_usd)``; the unit is the one
+    :func:`resolve_cost_unit` gives over all their traces.
+    """
+    flags = list(flags)
+    any_usd = any(a for a, _ in flags)
+    unit = override or ("usd" if any_usd and all(e for _, e in flags) else "ktokens")
+    if unit == "usd" and not any_usd:
+        raise TrainingError(
+            "cost unit 'usd' asked for, but no event carries 'usd'; use --cost-unit ktokens or seconds"
+        )
+    return unit
+
+
 def assemble_decision_points(
     parts: Sequence[DecisionPart],
     *,
@@ -569,13 +588,7 @@ def assemble_decision_points(
     parts = [p for p in parts if p.n_traces]
     if not parts:
         raise TrainingError("no traces: the input holds no valid trace to learn or evaluate from")
-    any_usd = any(p.any_usd for p in parts)
-    every_costed_has_usd = all(p.every_costed_has_usd for p in parts)
-    unit = cost_unit or ("usd" if any_usd and every_costed_has_usd else "ktokens")
-    if unit == "usd" and not any_usd:
-        raise TrainingError(
-            "cost unit 'usd' asked for, but no event carries 'usd'; use --cost-unit ktokens or seconds"
-        )
+    unit = choose_cost_unit([(p.any_usd, p.every_costed_has_usd) for p in parts], cost_unit)
     which = COST_UNITS.index(unit)
 
     def cat(name: str) -> npt.NDArray[Any]:
@@ -670,40 +683,52 @@ def load_decision_points(
 # --------------------------------------------------------------------------- CLI
 
 
+def feature_columns(dp: DecisionPoints) -> dict[str, npt.NDArray[Any]]:
+    """The columns ``stopserve features`` writes, in order: one value per decision point.
+
+    ``trace_id``, ``turn``, every feature but ``turn`` (the same number, written once),
+    ``q_t``, ``c_t``, ``q_final`` and ``cost_to_go``; CSV and Parquet carry the same.
+    """
+    cols: dict[str, npt.NDArray[Any]] = {"trace_id": dp.trace_id[dp.trace_idx], "turn": dp.turn}
+    for j, name in enumerate(dp.feature_names):
+        if name != "turn":
+            cols[name] = dp.X[:, j]
+    cols.update(q_t=dp.q, c_t=dp.c, q_final=dp.q_final, cost_to_go=dp.cost_to_go())
+    return cols
+
+
 def features_command(args: argparse.Namespace) -> int:
-    """``stopserve features TRACES -o CSV``: one CSV row per decision point."""
+    """``stopserve features TRACES (-o CSV | --parquet DIR) [--dask ADDRESS|local:N]``."""
+    if args.parquet is not None or args.dask is not None:
+        from stopserve.training.distributed import features_dask_command
+
+        return features_dask_command(args)
     dp = load_decision_points(
         args.traces,
         cost_unit=args.cost_unit,
         labels_from_rewards=args.labels_from_rewards,
         progress=False,
     )
-    out = Path(args.output)
+    write_features_csv(dp, args.output)
+    return 0
+
+
+def write_features_csv(dp: DecisionPoints, path: str | Path) -> None:
+    """:func:`feature_columns` as one CSV file (a row per decision point), and a line on stderr."""
+    out = Path(path)
     try:
         fh = out.open("w", newline="")
     except OSError as exc:
         raise TrainingError(f"{out}: cannot write: {exc.strerror or exc}") from exc
-    cost_to_go = dp.cost_to_go()
+    cols = feature_columns(dp)
     with fh:
         writer = csv.writer(fh)
-        # "turn" leads every row; a feature of the same name is the same number, written once
-        keep = [j for j, name in enumerate(dp.feature_names) if name != "turn"]
-        names = [dp.feature_names[j] for j in keep]
-        writer.writerow(["trace_id", "turn", *names, "q_t", "c_t", "q_final", "cost_to_go"])
+        writer.writerow(list(cols))
+        trace_ids, turns = cols.pop("trace_id"), cols.pop("turn")
+        numbers = np.column_stack(list(cols.values()))
         for i in range(dp.n_rows):
-            writer.writerow(
-                [
-                    dp.trace_id[dp.trace_idx[i]],
-                    int(dp.turn[i]),
-                    *(repr(float(v)) for v in dp.X[i, keep]),
-                    repr(float(dp.q[i])),
-                    repr(float(dp.c[i])),
-                    repr(float(dp.q_final[i])),
-                    repr(float(cost_to_go[i])),
-                ]
-            )
+            writer.writerow([trace_ids[i], int(turns[i]), *(repr(float(v)) for v in numbers[i])])
     print(
         f"wrote {dp.n_rows} decision points of {dp.n_traces} traces to {out} (cost unit {dp.cost_unit})",
         file=sys.stderr,
     )
-    return 0

@@ -7,7 +7,8 @@ MODE is ``single`` (the single-process trainer, ``LocalBackend``) or ``local:N``
 (featurize = building the decision points; LightGBM = every booster's training call;
 replay = the replays through ``decide``; the rest: tuning, the guard, predictions,
 saving), this process's peak RSS and, for Dask, each worker's peak RSS (its own
-``ru_maxrss``, asked before the cluster closes). Run once per mode, in a fresh process,
+``ru_maxrss``, asked before the cluster closes), and CPU seconds of the client (with
+the local scheduler, which runs in it) and of each worker. Run once per mode, in a fresh process,
 so no peak is another mode's.
 """
 
@@ -50,6 +51,11 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _cpu_s() -> float:
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
 def main() -> int:
     out, mode, model_dir, options = sys.argv[1:5]
     files = sys.argv[sys.argv.index("--") + 1 :]
@@ -73,8 +79,10 @@ def main() -> int:
     learner.save(model_dir)
     wall = time.perf_counter() - t0
     workers: dict[str, int] = {}
+    worker_cpu: dict[str, float] = {}
     if backend is not None:
         workers = backend.client.run(_peak_rss)
+        worker_cpu = backend.client.run(_cpu_s)
         backend.close()
     lgb_s = float(learner.timings_["lightgbm_train_s"])
     doc = {
@@ -86,6 +94,8 @@ def main() -> int:
         "replay_s": timed.seconds["replay"],
         "rest_s": wall - timed.seconds["featurize"] - lgb_s - timed.seconds["replay"],
         "client_peak_rss": _peak_rss(),
+        "client_cpu_s": _cpu_s(),
+        "worker_cpu_s": worker_cpu,
         "worker_peak_rss": workers,
         "n_rows": learner.dp_.n_rows,
         "n_traces": learner.dp_.n_traces,

@@ -89,9 +89,15 @@ def corpus_files(workdir: Path, mint_n: int, ic_n: int, sim_n: int) -> tuple[lis
     return files, how
 
 
-def probe(mode: str, files: list[Path], options: dict[str, Any], workdir: Path, tag: str) -> dict[str, Any]:
+def probe(
+    mode: str, files: list[Path], options: dict[str, Any], workdir: Path, tag: str, reuse: bool
+) -> dict[str, Any]:
     out = workdir / f"probe-{tag}-{mode.replace(':', '')}.json"
     model = workdir / f"model-{tag}-{mode.replace(':', '')}"
+    if reuse and out.exists():
+        reused: dict[str, Any] = json.loads(out.read_text())
+        reused["reused"] = True
+        return reused
     cmd = [sys.executable, str(BENCH / "_dask_probe.py"), str(out), mode, str(model), json.dumps(options),
            "--", *map(str, files)]  # fmt: skip
     t0 = time.perf_counter()
@@ -121,9 +127,15 @@ def report(sec: Section, title: str, how: str, docs: dict[str, dict[str, Any]]) 
         f"Traces: {how}: {first['n_traces']:,} traces, {first['n_rows']:,} decision points.",
         "",
     )
+    reused = [m for m, d in docs.items() if d.get("reused")]
+    if reused:
+        sec.add(
+            f"Rows of {', '.join(reused)}: an earlier run of this script on the same files (`--reuse`).", ""
+        )
     rows = []
     for mode, d in docs.items():
         workers = sorted(d["worker_peak_rss"].values())
+        cpu = d.get("client_cpu_s", 0.0) + sum(d.get("worker_cpu_s", {}).values())
         rows.append([
             "single process" if mode == "single" else f"`--dask {mode}`",
             d["wall_s"],
@@ -132,6 +144,7 @@ def report(sec: Section, title: str, how: str, docs: dict[str, dict[str, Any]]) 
             d["lightgbm_s"],
             d["replay_s"],
             d["rest_s"],
+            cpu,
             d["client_peak_rss"] / 2**20,
             ", ".join(f"{w / 2**20:,.0f}" for w in workers) or "-",
             d["cv_learned"],
@@ -139,7 +152,7 @@ def report(sec: Section, title: str, how: str, docs: dict[str, dict[str, Any]]) 
         ])  # fmt: skip
     sec.table(
         ["mode", "wall s (fit + save)", "vs single", "featurize s", "LightGBM s", "replay s", "rest s",
-         "client peak MiB", "worker peak MiB", "learned CV value", "shipped"],
+         "CPU s (client + workers)", "client peak MiB", "worker peak MiB", "learned CV value", "shipped"],
         rows,
     )  # fmt: skip
     out: dict[str, Any] = {m: {k: v for k, v in d.items() if k not in ("cv_values_learned", "groups")}
@@ -166,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", type=int, default=8, help="trace files (partitions) per size")
     p.add_argument("--modes", nargs="+", default=list(MODES), help="single, local:1, local:2, ...")
     p.add_argument("--no-corpus", action="store_true", help="skip the default model's corpus")
+    p.add_argument("--corpus-only", action="store_true", help="only the default model's corpus")
+    p.add_argument(
+        "--reuse", action="store_true", help="reuse probe results already in --workdir (said in the section)"
+    )
     args = p.parse_args(argv)
     sec = Section("Training on a Dask cluster: --dask local:N against the single-process trainer", sys.argv)
     for mod in ("stopserve.training.distributed",):
@@ -187,12 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     options = dict(SYNTH_OPTIONS)
     if args.size == "tiny":
         options.update(folds=2, method="behavior", max_rounds=30)
-    for n_points in sizes:
+    for n_points in [] if args.corpus_only else sizes:
         files, _, points, how = simulate_files(workdir, n_points, n_files, seed=5)
         docs = {}
         for mode in args.modes:
             try:
-                docs[mode] = probe(mode, files, options, workdir, f"sim{n_points}")
+                docs[mode] = probe(mode, files, options, workdir, f"sim{n_points}", args.reuse)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 sec.skip(f"{mode} on {points:,} decision points failed: {exc}")
         if docs:
@@ -205,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             docs = {}
             for mode in args.modes:
                 try:
-                    docs[mode] = probe(mode, files, {**CORPUS_OPTIONS, "group_by": "task"}, workdir, "corpus")
+                    docs[mode] = probe(
+                        mode, files, {**CORPUS_OPTIONS, "group_by": "task"}, workdir, "corpus", args.reuse
+                    )
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     sec.skip(f"{mode} on the default model's corpus failed: {exc}")
             if docs:
@@ -216,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         "`lightgbm.dask`, full rounds, cut afterwards at the early-stopping iteration); replay = "
         "the replays through `Policy.decide` (on Dask: one task per file); rest = tuning, the "
         "guard, predictions and saving, on the client either way. Peak RSS: each process's own "
-        "`ru_maxrss`.",
+        "`ru_maxrss`. CPU s: user + system seconds of the client (which runs the local scheduler) "
+        "and of every worker (nanny processes not counted): on a shared machine the wall time "
+        "depends on how much of the 2 cores the run got, the CPU seconds do not.",
         "",
     )
     sec.emit(args.out)

@@ -114,6 +114,7 @@ class _Partition:
     label: str
     path: str | None = None
     traces: Any = None  # a Future of list[Trace]
+    n_traces: int | None = None  # known for traces sent from memory
 
     def read(self, traces: list[Trace] | None) -> Iterator[Trace]:
         return iter(read_traces(self.path)) if self.path is not None else iter(traces or [])
@@ -356,7 +357,8 @@ class DaskBackend:
         for start in range(0, len(traces), TRACES_PER_PARTITION):
             chunk = traces[start : start + TRACES_PER_PARTITION]
             label = f"traces {start}-{start + len(chunk) - 1} (in memory)"
-            parts.append(_Partition(label, traces=self.client.scatter(chunk, hash=False)))
+            future = self.client.scatter(chunk, hash=False)
+            parts.append(_Partition(label, traces=future, n_traces=len(chunk)))
         return parts
 
     def _gather(self, futures: list[Any], labels: list[str], what: str) -> list[Any]:
@@ -475,9 +477,7 @@ class DaskBackend:
     ) -> IntArray:
         """The replay through ``decide`` mapped over the partitions; stop rows as :func:`replay_decide`."""
         parts = self._partitions(source)
-        counts = [self._counts.get(p.label) for p in parts]
-        if source.paths is None:
-            counts = [len(p.traces.result()) if p.traces is not None else 0 for p in parts]
+        counts = [p.n_traces if p.path is None else self._counts.get(p.label) for p in parts]
         if any(c is None for c in counts) or sum(c or 0 for c in counts) != dp.n_traces:
             raise TrainingError(
                 f"replay: the partitions hold {counts} traces, the decision points {dp.n_traces}: "

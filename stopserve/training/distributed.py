@@ -377,10 +377,14 @@ class DaskBackend:
                     self._raise(fut, label_of[fut.key], what)
                 if bar is not None:
                     bar.update(1)
+            return list(self.client.gather(futures))
+        except StopServeError:
+            raise
+        except Exception as exc:  # the cluster went away under us: say so, not a traceback
+            raise TrainingError(f"{what} on the Dask cluster failed: {type(exc).__name__}: {exc}") from None
         finally:
             if bar is not None:
                 bar.close()
-        return list(self.client.gather(futures))
 
     def _raise(self, fut: Any, label: str, what: str) -> None:
         from distributed import KilledWorker
@@ -390,8 +394,8 @@ class DaskBackend:
             raise TrainingError(str(exc)) from None
         if isinstance(exc, KilledWorker):
             raise TrainingError(
-                f"{label}: the Dask workers {what} it died or were lost again and again ({exc}); a worker "
-                "short of memory is the usual cause: see the dashboard"
+                f"{label}: every Dask worker that ran its {what} task died ({exc}); a worker short of "
+                "memory is the usual cause: see the dashboard"
             ) from None
         raise _explained(exc, label) from None
 
@@ -542,7 +546,12 @@ class DaskBackend:
             thread.join(WATCH_INTERVAL)
             if not thread.is_alive():
                 break
-            lost = before - set(self.client.nthreads())
+            try:
+                lost = before - set(self.client.nthreads())
+            except Exception as exc:  # the scheduler itself is gone
+                raise TrainingError(
+                    f"lost the Dask scheduler while {what}: {type(exc).__name__}: {exc}"
+                ) from None
             if lost:
                 raise TrainingError(
                     f"Dask worker {', '.join(sorted(lost))} left the cluster while {what}: LightGBM's "

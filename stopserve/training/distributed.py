@@ -560,10 +560,12 @@ class DaskBackend:
                     "dashboard)"
                 )
         if "error" in box:
-            exc = box["error"]
-            if isinstance(exc, StopServeError):
-                raise exc
-            raise TrainingError(f"{what} failed on the cluster: {type(exc).__name__}: {exc}") from None
+            failure = box["error"]
+            if isinstance(failure, StopServeError):
+                raise failure
+            raise TrainingError(
+                f"{what} failed on the cluster: {type(failure).__name__}: {failure}"
+            ) from None
         return box["value"]
 
 

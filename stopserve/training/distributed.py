@@ -480,6 +480,7 @@ class DaskBackend:
         progress: bool = False,
     ) -> IntArray:
         """The replay through ``decide`` mapped over the partitions; stop rows as :func:`replay_decide`."""
+        self._matrices = []  # a trainer took them already, or none will (evaluate): free the workers
         parts = self._partitions(source)
         counts = [p.n_traces if p.path is None else self._counts.get(p.label) for p in parts]
         if any(c is None for c in counts) or sum(c or 0 for c in counts) != dp.n_traces:

@@ -174,7 +174,9 @@ def test_the_distributed_model_is_an_ordinary_model_directory_that_serves(
         paths[name] = learner.save(tmp_path / name)
     a = json.loads((paths["single"] / "manifest.json").read_text())
     b = json.loads((paths["dask"] / "manifest.json").read_text())
-    assert sorted(a) == sorted(b) and a["format"] == b["format"]
+    assert a["format"] == b["format"]
+    if a["kind"] == b["kind"]:  # both learned models, or both the tuned heuristic (the guard may differ)
+        assert sorted(a) == sorted(b)
     assert a["training_data"]["sha256"] == b["training_data"]["sha256"]  # the same matrix and labels
     policy = Policy.load(paths["dask"])
     trace = next(iter(read_traces(sim_files[0])))

@@ -15,6 +15,7 @@ so no peak is another mode's.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -64,6 +65,7 @@ def main() -> int:
     opts: dict[str, Any] = json.loads(options)
     fit_kw = {k: opts.pop(k) for k in ("cost_unit", "group_by") if k in opts}
     backend: Any = None
+    load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     if mode == "single":
         inner: Any = LocalBackend()
@@ -93,6 +95,7 @@ def main() -> int:
         "lightgbm_s": lgb_s,
         "replay_s": timed.seconds["replay"],
         "rest_s": wall - timed.seconds["featurize"] - lgb_s - timed.seconds["replay"],
+        "load_1min": [load_start, os.getloadavg()[0]],
         "client_peak_rss": _peak_rss(),
         "client_cpu_s": _cpu_s(),
         "worker_cpu_s": worker_cpu,

@@ -148,13 +148,15 @@ def report(sec: Section, title: str, how: str, docs: dict[str, dict[str, Any]]) 
             d["client_peak_rss"] / 2**20,
             ", ".join(f"{w / 2**20:,.0f}" for w in workers) or "-",
             d["cv_learned"],
-            d["shipped"],
+            "-" if "load_1min" not in d else "{:.1f} / {:.1f}".format(*d["load_1min"]),
         ])  # fmt: skip
     sec.table(
         ["mode", "wall s (fit + save)", "vs single", "featurize s", "LightGBM s", "replay s", "rest s",
-         "CPU s (client + workers)", "client peak MiB", "worker peak MiB", "learned CV value", "shipped"],
+         "CPU s (client + workers)", "client peak MiB", "worker peak MiB", "learned CV value",
+         "load 1 min (start / end)"],
         rows,
     )  # fmt: skip
+    sec.add("Shipped: " + "; ".join(f"{m}: {d['shipped']}" for m, d in docs.items()) + ".", "")
     out: dict[str, Any] = {m: {k: v for k, v in d.items() if k not in ("cv_values_learned", "groups")}
                            for m, d in docs.items()}  # fmt: skip
     if base:

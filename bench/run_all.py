@@ -37,6 +37,7 @@ SECTIONS: list[tuple[str, int]] = [
     ("bench_serve.py", 900),
     ("bench_reliability.py", 1500),
     ("bench_replicas.py", 900),
+    ("bench_dask.py", 5400),
 ]
 
 

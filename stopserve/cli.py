@@ -166,9 +166,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    p = sub.add_parser("features", help="write the features and labels of every decision point as CSV")
+    p = sub.add_parser(
+        "features", help="write the features and labels of every decision point as CSV or Parquet"
+    )
     p.add_argument("traces", nargs="+", metavar="TRACES")
-    p.add_argument("-o", "--output", required=True, metavar="CSV")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("-o", "--output", metavar="CSV", help="one CSV file")
+    out.add_argument(
+        "--parquet",
+        metavar="DIR",
+        help="a new folder of Parquet files, one per input file, the same columns as the CSV "
+        "(needs the dask extra)",
+    )
+    _dask_options(p, "featurize on a Dask cluster, one task per input file")
     _label_options(p)
 
     p = sub.add_parser(
@@ -221,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="Default: 0")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _dask_options(
+        p, "featurize (one task per input file), fit the boosters and replay the policies on a Dask cluster"
+    )
     _label_options(p)
 
     p = sub.add_parser("evaluate", help="replay policies on held-out traces and compare them")
@@ -232,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="draw the success/cost Pareto chart")
     _group_option(p, "bootstrap resampling unit and cross-fitting groups")
     p.add_argument("--seed", type=int, default=0)
+    _dask_options(p, "featurize and replay on a Dask cluster, one task per input file")
     _label_options(p)
 
     p = sub.add_parser("simulate", help="generate orchestration traces with a known optimal stop rule")
@@ -332,6 +346,37 @@ def _cost_options(p: argparse.ArgumentParser) -> None:
         type=_share,
         help="what cost is worth as a share: 0.3 = a whole behavior run costs 30%% of a success "
         "(resolved to lambda from the traces' mean cost). Default when neither is given: 0.3",
+    )
+
+
+def _dask_address(text: str) -> str:
+    """``local:N`` (N workers started here) or a scheduler address such as ``tcp://host:8786``."""
+    if text == "local" or text.startswith("local:"):
+        n = text.partition(":")[2]
+        if n and not (n.isdigit() and int(n) > 0):
+            raise argparse.ArgumentTypeError(f"expected local:N with N a whole number above 0, got {text!r}")
+        return text
+    if not text.strip() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"expected a scheduler address (tcp://host:port) or local:N, got {text!r}"
+        )
+    return text
+
+
+def _dask_options(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--dask",
+        type=_dask_address,
+        metavar="ADDRESS|local:N",
+        help=f"{what}: a scheduler address (tcp://host:8786) or local:N to start N local workers "
+        "(needs the dask extra; docs/distributed.md)",
+    )
+    p.add_argument(
+        "--dask-timeout",
+        type=_positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="give up reaching the scheduler after this long. Default: 10",
     )
 
 

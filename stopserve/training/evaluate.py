@@ -44,7 +44,7 @@ from stopserve.errors import TrainingError
 from stopserve.features import RunState
 from stopserve.policy import Policy
 from stopserve.trace import Trace
-from stopserve.training.fit import TraceSource
+from stopserve.training.fit import Backend, LocalBackend, TraceSource
 from stopserve.training.heuristics import (
     HEURISTICS,
     HeuristicRule,
@@ -55,8 +55,8 @@ from stopserve.training.heuristics import (
     tune_heuristics,
 )
 from stopserve.training.heuristics import replay as replay_mask
-from stopserve.training.labels import DecisionPoints, FloatArray, build_decision_points
-from stopserve.training.replay import REPLAY_ENGINE, replay_decide, replay_rows
+from stopserve.training.labels import DecisionPoints, FloatArray
+from stopserve.training.replay import REPLAY_ENGINE, replay_rows
 
 __all__ = ["LAMBDA_SWEEP", "evaluate", "evaluate_command", "plot_pareto"]
 
@@ -180,6 +180,7 @@ def evaluate(
     n_boot: int = N_BOOT,
     sweep: bool = False,
     progress: bool = False,
+    backend: Backend | None = None,
 ) -> dict[str, Any]:
     """Replay every policy on the evaluated traces; return the report as JSON-ready data.
 
@@ -188,6 +189,8 @@ def evaluate(
     (a cost share of 0.3 without a model). ``sweep`` adds the Pareto sweeps
     (``report["sweeps"]``: the learned policy at multiples of its λ or cost share, each
     single-net heuristic over its parameter), every point replayed through ``decide``.
+    ``backend`` (default in this process) builds the decision points and runs the
+    replays, e.g. mapped over the partitions of a Dask cluster.
     """
     if lam is not None and cost_share is not None:
         raise TrainingError("give lambda or cost share, not both")
@@ -200,6 +203,7 @@ def evaluate(
         else:
             cost_share = 0.3
     notes: list[str] = []
+    run = backend if backend is not None else LocalBackend()
     source = traces if isinstance(traces, TraceSource) else TraceSource(traces)
     tune_source = (
         None if tune_on is None else tune_on if isinstance(tune_on, TraceSource) else TraceSource(tune_on)
@@ -211,21 +215,24 @@ def evaluate(
     tune_dp: DecisionPoints | None = None
     scales: dict[str, float] | None = None
     if tune_source is not None:
-        tune_dp = build_decision_points(
-            iter(tune_source),
+        tune_dp = run.decision_points(
+            tune_source,
             cost_unit=unit,
             labels_from_rewards=labels_from_rewards,
             group_by=group_by,
+            progress=False,
+            nets=None,
             normalize_cost=by_share,
         )
         unit = tune_dp.cost_unit
         scales = tune_dp.mean_costs()
-    dp = build_decision_points(
-        iter(source),
+    dp = run.decision_points(
+        source,
         cost_unit=unit,
         labels_from_rewards=labels_from_rewards,
         group_by=group_by,
         progress=progress,
+        nets=None,
         normalize_cost=by_share,
         cost_scales=scales,
     )
@@ -274,8 +281,8 @@ def evaluate(
                 sweep_meta.append((name, x))
     kw: dict[str, Any] = {"cost_share": cost_share} if by_share else {"lam": lam}
     learned = [] if model_policy is None else [model_policy]
-    stops = replay_decide(
-        iter(source),
+    stops = run.replay(
+        source,
         dp,
         lambda i: [*learned, *heur_for[int(fold[i])], *extra],
         progress=progress,
@@ -466,19 +473,30 @@ def evaluate_command(args: argparse.Namespace) -> int:
             f"({args.model}/manifest.json); evaluate in {model_unit!r}"
         )
     labels_from_rewards = bool(args.labels_from_rewards or manifest.get("labels_from_rewards", False))
-    report = evaluate(
-        policy,
-        [str(p) for p in args.traces],
-        lam=args.lam,
-        cost_share=args.cost_share,
-        tune_on=[str(p) for p in args.tune_on] if args.tune_on else None,
-        cost_unit=args.cost_unit or model_unit,
-        labels_from_rewards=labels_from_rewards,
-        group_by=args.group_by,
-        seed=args.seed,
-        sweep=bool(args.plot),
-        progress=not args.json and sys.stderr.isatty(),
-    )
+    progress = not args.json and sys.stderr.isatty()
+    backend = None
+    if getattr(args, "dask", None) is not None:
+        from stopserve.training.distributed import DaskBackend
+
+        backend = DaskBackend.from_args(args, progress=progress)
+    try:
+        report = evaluate(
+            policy,
+            [str(p) for p in args.traces],
+            lam=args.lam,
+            cost_share=args.cost_share,
+            tune_on=[str(p) for p in args.tune_on] if args.tune_on else None,
+            cost_unit=args.cost_unit or model_unit,
+            labels_from_rewards=labels_from_rewards,
+            group_by=args.group_by,
+            seed=args.seed,
+            sweep=bool(args.plot),
+            progress=progress,
+            backend=backend,
+        )
+    finally:
+        if backend is not None:
+            backend.close()
     if args.plot:
         plot_pareto(report, args.plot)
     if args.json:

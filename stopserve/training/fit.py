@@ -45,7 +45,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -74,8 +74,11 @@ __all__ = [
     "DEFAULT_COST_SHARE",
     "DEFAULT_PARAMS",
     "MIN_GROUPS",
+    "Backend",
+    "LocalBackend",
     "PolicyLearner",
     "TraceSource",
+    "Trainer",
     "train_command",
 ]
 
@@ -153,6 +156,124 @@ class TraceSource:
         if self._paths is not None:
             return iter(read_traces(self._paths))
         return iter(self._traces or [])
+
+    @property
+    def paths(self) -> list[str | Path] | None:
+        """The trace files, in order; None when the traces are held in memory."""
+        return None if self._paths is None else list(self._paths)
+
+    @property
+    def traces(self) -> list[Trace] | None:
+        """The traces held in memory, in order; None when they are read from files."""
+        return None if self._traces is None else list(self._traces)
+
+
+# --------------------------------------------------------------------------- where the work runs
+
+
+class Trainer(Protocol):
+    """Trains boosters on row subsets of the learner's decision points."""
+
+    seconds: float
+
+    def train(
+        self, target: Any, train_rows: IntArray, valid_rows: IntArray | None, rounds: int, seed: int
+    ) -> tuple[Any, int]:
+        """A booster cut at its best iteration (early stopping on ``valid_rows``), and that iteration."""
+        ...
+
+
+class Backend(Protocol):
+    """Where the learner builds decision points, trains boosters and replays policies.
+
+    :class:`LocalBackend` (the default) does all of it in this process;
+    ``stopserve.training.distributed.DaskBackend`` on a Dask cluster. Both give the
+    same decision points and replays; the boosters agree up to LightGBM's distributed
+    binning and bagging (``docs/distributed.md``).
+    """
+
+    def decision_points(
+        self,
+        source: TraceSource,
+        *,
+        cost_unit: str | None,
+        labels_from_rewards: bool,
+        group_by: str,
+        progress: bool,
+        nets: SafetyConfig | None,
+        normalize_cost: bool,
+        cost_scales: Mapping[str, float] | None = None,
+    ) -> DecisionPoints:
+        """:func:`stopserve.training.labels.build_decision_points` of the source's traces."""
+        ...
+
+    def trainer(
+        self, matrix: FloatArray, weight: FloatArray, params: Mapping[str, Any], used: Sequence[str]
+    ) -> Trainer:
+        """A trainer on the last decision points built (``matrix``: their features, ``used`` masked)."""
+        ...
+
+    def replay(
+        self,
+        source: TraceSource,
+        dp: DecisionPoints,
+        policies_for: Callable[[int], Sequence[Any]],
+        *,
+        lam: float | None = None,
+        cost_share: float | None = None,
+        progress: bool = False,
+    ) -> IntArray:
+        """:func:`stopserve.training.replay.replay_decide` on the source's traces."""
+        ...
+
+
+class LocalBackend:
+    """Everything in this process: one pass over the traces, one binned matrix."""
+
+    def decision_points(
+        self,
+        source: TraceSource,
+        *,
+        cost_unit: str | None,
+        labels_from_rewards: bool,
+        group_by: str,
+        progress: bool,
+        nets: SafetyConfig | None,
+        normalize_cost: bool,
+        cost_scales: Mapping[str, float] | None = None,
+    ) -> DecisionPoints:
+        """:func:`stopserve.training.labels.build_decision_points` of the source's traces."""
+        return build_decision_points(
+            iter(source),
+            cost_unit=cost_unit,
+            labels_from_rewards=labels_from_rewards,
+            group_by=group_by,
+            progress=progress,
+            nets=nets,
+            normalize_cost=normalize_cost,
+            cost_scales=cost_scales,
+        )
+
+    def trainer(
+        self, matrix: FloatArray, weight: FloatArray, params: Mapping[str, Any], used: Sequence[str]
+    ) -> Trainer:
+        """Boosters on row subsets of ``matrix``, binned once."""
+        return _Trainer(matrix, weight, params)
+
+    def replay(
+        self,
+        source: TraceSource,
+        dp: DecisionPoints,
+        policies_for: Callable[[int], Sequence[Any]],
+        *,
+        lam: float | None = None,
+        cost_share: float | None = None,
+        progress: bool = False,
+    ) -> IntArray:
+        """:func:`stopserve.training.replay.replay_decide` on the source's traces, in order."""
+        return replay_decide(
+            iter(source), dp, policies_for, lam=lam, cost_share=cost_share, progress=progress
+        )
 
 
 # --------------------------------------------------------------------------- helpers
@@ -361,7 +482,7 @@ class _FitState:
     used: tuple[str, ...]
     X: FloatArray
     params: dict[str, Any]
-    trainer: _Trainer
+    trainer: Trainer
     trace_fold: IntArray
     folds: list[_Fold]
     targets: dict[str, _Target]
@@ -373,6 +494,8 @@ class _FitState:
     heur_all: dict[str, TunedHeuristic] = field(default_factory=dict)
     c_target: _Target | None = None
     bar: Any = None
+    #: each trace's cross-validated value, per policy (learned, each heuristic, behavior, oracle)
+    cv_values: dict[str, FloatArray] = field(default_factory=dict)
 
     @property
     def k(self) -> int:
@@ -429,6 +552,7 @@ class PolicyLearner:
         nets: SafetyConfig | None = None,
         progress: bool = False,
         log: Callable[[str], None] | None = None,
+        backend: Backend | None = None,
     ) -> None:
         self.lam = lam
         self.cost_share = cost_share
@@ -445,8 +569,12 @@ class PolicyLearner:
         self.nets = nets
         self.progress = progress
         self.log = log
+        self.backend = backend
 
     # ----------------------------------------------------------------- checks
+
+    def _backend(self) -> Backend:
+        return self.backend if self.backend is not None else LocalBackend()
 
     def _check_params(self) -> None:
         if self.method not in ("auto", *METHODS):
@@ -494,8 +622,10 @@ class PolicyLearner:
 
         Sets ``dp_`` (the decision points), ``manifest_``/``models_`` (what :meth:`save`
         writes), ``cv_`` (cross-validated figures of every policy), ``guard_`` (the
-        comparison that chose what ships), ``chosen_``, ``importance_``, ``notes_`` and
-        ``timings_``. Raises :class:`TrainingError` when the traces cannot train a policy.
+        comparison that chose what ships), ``cv_values_`` (each trace's cross-validated
+        value per policy), ``chosen_``, ``importance_``, ``notes_`` and ``timings_``.
+        ``backend`` (default :class:`LocalBackend`) says where the work runs. Raises
+        :class:`TrainingError` when the traces cannot train a policy.
         """
         self._check_params()
         t_start = time.perf_counter()
@@ -513,6 +643,7 @@ class PolicyLearner:
             self._fit_optimal(st)
         fold_policies, fold_choice = self._fold_policies(st)
         reps = self._cross_validate(st, fold_policies)
+        st.cv_values = {name: r.value for name, r in reps.items()}
         policies = {name: _summary(r) for name, r in reps.items()}
         best_heur = max(HEURISTICS, key=lambda h: policies[h]["value"])
         guard = self._guard(st, reps, best_heur)
@@ -527,8 +658,8 @@ class PolicyLearner:
             )
         # the shipped policy, replayed through decide on the training traces: evaluate gives the same
         shipped = Policy.from_manifest(manifest, models, source="trained policy", engine=REPLAY_ENGINE)
-        in_rows = replay_decide(
-            iter(source), st.dp, lambda i: [shipped], lam=st.arg_lam, cost_share=st.arg_share
+        in_rows = self._backend().replay(
+            source, st.dp, lambda i: [shipped], lam=st.arg_lam, cost_share=st.arg_share
         )[0]
         guard.pop("ship")
         guard.update(
@@ -582,6 +713,7 @@ class PolicyLearner:
         self.manifest_ = manifest
         self.models_ = models
         self.cv_ = cv
+        self.cv_values_ = st.cv_values
         self.guard_ = guard
         self.chosen_ = chosen
         self.importance_ = importance
@@ -598,8 +730,8 @@ class PolicyLearner:
         notes: list[str] = []
         nets = self.nets if self.nets is not None else DEFAULT_SAFETY
         per_run = self.cost_scale == "per_run"
-        dp = build_decision_points(
-            iter(source),
+        dp = self._backend().decision_points(
+            source,
             cost_unit=cost_unit,
             labels_from_rewards=labels_from_rewards,
             group_by=group_by,
@@ -663,7 +795,7 @@ class PolicyLearner:
             used=used,
             X=X,
             params=params,
-            trainer=_Trainer(X, weight, params),
+            trainer=self._backend().trainer(X, weight, params, used),
             trace_fold=trace_fold,
             folds=_folds(dp, trace_fold, self.seed),
             targets=_targets(dp),
@@ -789,8 +921,8 @@ class PolicyLearner:
             self.log("replaying the cross-validated policies through Policy.decide")
         dp = st.dp
         heur = [[st.fold_heur[f][h].policy() for h in HEURISTICS] for f in range(st.k)]
-        stops = replay_decide(
-            iter(st.source),
+        stops = self._backend().replay(
+            st.source,
             dp,
             lambda i: [fold_policies[st.trace_fold[i]], *heur[st.trace_fold[i]]],
             lam=st.arg_lam,
@@ -988,7 +1120,25 @@ def train_command(args: argparse.Namespace) -> int:
     features: str | list[str] = args.features
     if features not in ("all", "scale-free"):
         features = [f.strip() for f in str(features).split(",") if f.strip()]
-    learner = PolicyLearner(
+    backend = None
+    if getattr(args, "dask", None) is not None:
+        from stopserve.training.distributed import DaskBackend
+
+        backend = DaskBackend.from_args(args, progress=progress)
+    try:
+        learner = _train_learner(args, features, progress, backend)
+        out = learner.save(args.output)
+    finally:
+        if backend is not None:
+            backend.close()
+    _print_summary(learner, out)
+    return 0
+
+
+def _train_learner(
+    args: argparse.Namespace, features: str | list[str], progress: bool, backend: Backend | None
+) -> PolicyLearner:
+    return PolicyLearner(
         lam=args.lam,
         cost_share=args.cost_share,
         cost_scale=args.cost_scale.replace("-", "_"),
@@ -999,13 +1149,16 @@ def train_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         min_groups=args.min_groups,
         progress=progress,
+        backend=backend,
     ).fit(
         [str(p) for p in args.traces],
         cost_unit=args.cost_unit,
         labels_from_rewards=args.labels_from_rewards,
         group_by=args.group_by,
     )
-    out = learner.save(args.output)
+
+
+def _print_summary(learner: PolicyLearner, out: Path) -> None:
     dp = learner.dp_
     cv = learner.cv_
     guard = learner.guard_
@@ -1045,4 +1198,3 @@ def train_command(args: argparse.Namespace) -> int:
         f"{guard['in_sample_value']:.4f}; wrote {out}",
         file=sys.stderr,
     )
-    return 0

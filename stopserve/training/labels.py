@@ -25,7 +25,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -38,11 +38,17 @@ from stopserve.trace import Event, Trace, is_decision_point, read_traces
 __all__ = [
     "COST_UNITS",
     "GROUP_BY",
+    "DecisionPart",
     "DecisionPoints",
+    "assemble_decision_points",
     "build_decision_points",
+    "choose_cost_unit",
+    "decision_part",
+    "feature_columns",
     "features_command",
     "fold_events",
     "load_decision_points",
+    "write_features_csv",
 ]
 
 COST_UNITS: Final[tuple[str, ...]] = ("usd", "ktokens", "seconds")
@@ -267,6 +273,58 @@ def _team_outcome(trace: Trace) -> float | None:
     return float(team)
 
 
+@dataclass
+class DecisionPart:
+    """The decision points of some traces (e.g. one file), before the cost unit is chosen.
+
+    What :func:`decision_part` collects and :func:`assemble_decision_points` joins: rows
+    carry every cost unit (usd, tokens, seconds) and traces their final cost in each, so
+    parts built apart (one per file, on different machines) assemble into the same
+    :class:`DecisionPoints` as one pass over every trace.
+    """
+
+    X: FloatArray
+    trace_idx: IntArray  # from 0 within the part
+    turn: IntArray
+    q: FloatArray
+    usd: FloatArray
+    tokens: FloatArray
+    seconds: FloatArray
+    propensity: FloatArray
+    is_last: BoolArray
+    q_filled: BoolArray
+    latest_reward: FloatArray
+    loop: BoolArray
+    net_stop: BoolArray
+    allowed: BoolArray
+    proposed: BoolArray
+    rule_stops: BoolArray
+    # per trace
+    offsets: IntArray
+    task_id: StrArray
+    trace_id: StrArray
+    q_final: FloatArray
+    #: each trace's logged end in usd, thousands of tokens and seconds (``COST_UNITS`` order)
+    c_final: FloatArray
+    optimal_value: FloatArray
+    optimal_lambda: FloatArray
+    run_to_cap: BoolArray
+    system: StrArray
+    #: some event carries usd / every costed event carries usd (what the default cost unit reads)
+    any_usd: bool
+    every_costed_has_usd: bool
+
+    @property
+    def n_traces(self) -> int:
+        """Number of traces."""
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def n_rows(self) -> int:
+        """Number of decision points."""
+        return int(self.q.shape[0])
+
+
 def build_decision_points(
     traces: Iterable[Trace],
     *,
@@ -298,14 +356,39 @@ def build_decision_points(
     ``cost_scales`` (data set -> mean cost, in the cost unit) gives those means instead,
     e.g. from the training side of a split; a data set it lacks uses its own mean.
 
+    The same as :func:`assemble_decision_points` of one :func:`decision_part`.
     Raises :class:`TrainingError` when there are no traces, or a trace has no
     outcome (no graded event, no ``rewards.team``, and no reward on the label
     channel when ``labels_from_rewards``).
     """
+    _check_options(cost_unit, group_by)
+    part = decision_part(
+        traces, labels_from_rewards=labels_from_rewards, progress=progress, stop_rules=stop_rules, nets=nets
+    )
+    return assemble_decision_points(
+        [part], cost_unit=cost_unit, group_by=group_by, normalize_cost=normalize_cost, cost_scales=cost_scales
+    )
+
+
+def _check_options(cost_unit: str | None, group_by: str) -> None:
     if cost_unit is not None and cost_unit not in COST_UNITS:
         raise TrainingError(f"cost unit {cost_unit!r} is not one of {', '.join(COST_UNITS)}")
     if group_by not in GROUP_BY:
         raise TrainingError(f"group_by {group_by!r} is not one of {', '.join(GROUP_BY)}")
+
+
+def decision_part(
+    traces: Iterable[Trace],
+    *,
+    labels_from_rewards: bool = False,
+    progress: bool = False,
+    stop_rules: Sequence[StopRule] = (),
+    nets: SafetyConfig | None = None,
+) -> DecisionPart:
+    """Fold every trace once: the rows of :func:`build_decision_points`, in every cost unit.
+
+    No traces give an empty part. Raises :class:`TrainingError` when a trace has no outcome.
+    """
     loop_flag = _loop_flagger()
     if nets is None:
         from stopserve.safety import DEFAULT_SAFETY
@@ -411,73 +494,132 @@ def build_decision_points(
         run_to_cap.append(trace.metrics.get("run_to_cap") == 1.0)
         systems.append(trace.system or "unknown")
 
-    if not task_ids:
-        raise TrainingError("no traces: the input holds no valid trace to learn or evaluate from")
+    n_rows = len(cols.q)
+    return DecisionPart(
+        X=cols.matrix(),
+        trace_idx=np.array(cols.trace_idx, dtype=np.int64),
+        turn=np.array(cols.turn, dtype=np.int64),
+        q=np.array(cols.q, dtype=np.float64),
+        usd=np.array(cols.c_usd, dtype=np.float64),
+        tokens=np.array(cols.tokens, dtype=np.float64),
+        seconds=np.array(cols.c_sec, dtype=np.float64),
+        propensity=np.array(cols.propensity, dtype=np.float64),
+        is_last=np.array(cols.is_last, dtype=bool),
+        q_filled=np.array(cols.q_filled, dtype=bool),
+        latest_reward=np.array(cols.latest_reward, dtype=np.float64),
+        loop=np.array(cols.loop, dtype=bool),
+        net_stop=np.array(cols.net_stop, dtype=bool),
+        allowed=np.array(cols.allowed, dtype=bool),
+        proposed=np.array(cols.proposed, dtype=bool),
+        rule_stops=np.frombuffer(cols.rule_stops, dtype=np.int8)
+        .astype(bool)
+        .reshape(n_rows, len(stop_rules)),
+        offsets=np.asarray(offsets, dtype=np.int64),
+        task_id=np.asarray(task_ids, dtype=np.str_),
+        trace_id=np.asarray(trace_ids, dtype=np.str_),
+        q_final=np.asarray(q_finals, dtype=np.float64),
+        c_final=np.asarray(c_finals, dtype=np.float64).reshape(len(c_finals), 3),
+        optimal_value=np.asarray(opt_value, dtype=np.float64),
+        optimal_lambda=np.asarray(opt_lambda, dtype=np.float64),
+        run_to_cap=np.asarray(run_to_cap, dtype=bool),
+        system=np.asarray(systems, dtype=np.str_),
+        any_usd=any_usd,
+        every_costed_has_usd=every_costed_has_usd,
+    )
 
-    unit = cost_unit or ("usd" if any_usd and every_costed_has_usd else "ktokens")
+
+def choose_cost_unit(flags: Iterable[tuple[bool, bool]], override: str | None = None) -> str:
+    """The cost unit of the decision points of some parts: ``override``, else usd or ktokens.
+
+    ``flags`` holds each part's ``(any_usd, every_costed_has_usd)``; the unit is the one
+    :func:`resolve_cost_unit` gives over all their traces.
+    """
+    flags = list(flags)
+    any_usd = any(a for a, _ in flags)
+    unit = override or ("usd" if any_usd and all(e for _, e in flags) else "ktokens")
     if unit == "usd" and not any_usd:
         raise TrainingError(
             "cost unit 'usd' asked for, but no event carries 'usd'; use --cost-unit ktokens or seconds"
         )
+    return unit
+
+
+def assemble_decision_points(
+    parts: Sequence[DecisionPart],
+    *,
+    cost_unit: str | None = None,
+    group_by: str = "task",
+    normalize_cost: bool = False,
+    cost_scales: Mapping[str, float] | None = None,
+) -> DecisionPoints:
+    """Join parts (in order) into the decision points of all their traces.
+
+    The cost unit, the groups and the per-data-set cost scales are chosen over every
+    part, as :func:`build_decision_points` (whose options these are) chooses them over
+    every trace: parts built apart give the same decision points as one pass.
+    """
+    _check_options(cost_unit, group_by)
+    parts = [p for p in parts if p.n_traces]
+    if not parts:
+        raise TrainingError("no traces: the input holds no valid trace to learn or evaluate from")
+    unit = choose_cost_unit([(p.any_usd, p.every_costed_has_usd) for p in parts], cost_unit)
     which = COST_UNITS.index(unit)
-    tokens = np.frombuffer(cols.tokens, dtype=np.float64)
-    c_rows = {
-        0: np.frombuffer(cols.c_usd, dtype=np.float64),
-        1: tokens / 1000.0,
-        2: np.frombuffer(cols.c_sec, dtype=np.float64),
-    }[which]
-    trace_c_final = np.array([cf[which] for cf in c_finals], dtype=np.float64)
-    trace_idx = np.array(cols.trace_idx, dtype=np.int64)
-    tasks = np.asarray(task_ids, dtype=np.str_)
-    system_arr = np.asarray(systems, dtype=np.str_)
-    dataset = np.asarray([name.split("/", 1)[0] for name in systems], dtype=np.str_)
-    groups = _groups(group_by, tasks, system_arr, dataset)
-    trace_q_final = np.asarray(q_finals, dtype=np.float64)
-    c_raw = np.array(c_rows, dtype=np.float64)
-    scale = np.ones(len(task_ids))
+
+    def cat(name: str) -> npt.NDArray[Any]:
+        return np.concatenate([getattr(p, name) for p in parts])
+
+    trace_base = np.cumsum([0] + [p.n_traces for p in parts[:-1]])
+    row_base = np.cumsum([0] + [p.n_rows for p in parts[:-1]])
+    trace_idx = np.concatenate([p.trace_idx + b for p, b in zip(parts, trace_base, strict=True)])
+    offsets = np.concatenate([[0], *(p.offsets[1:] + b for p, b in zip(parts, row_base, strict=True))])
+    tokens = cat("tokens")
+    c_raw = {0: cat("usd"), 1: tokens / 1000.0, 2: cat("seconds")}[which]
+    trace_c_final = np.concatenate([p.c_final[:, which] for p in parts]).astype(np.float64)
+    tasks = cat("task_id")
+    systems = cat("system")
+    dataset = np.asarray([name.split("/", 1)[0] for name in systems.tolist()], dtype=np.str_)
+    trace_q_final = cat("q_final")
+    scale = np.ones(len(tasks))
     if normalize_cost:
         for name in np.unique(dataset):
             mine = dataset == name
             given = None if cost_scales is None else cost_scales.get(str(name))
             mean = float(trace_c_final[mine].mean()) if given is None else float(given)
             scale[mine] = mean if mean > 0 else 1.0
+    rule_stops = cat("rule_stops")
     return DecisionPoints(
         cost_unit=unit,
-        X=cols.matrix(),
+        X=cat("X"),
         trace_idx=trace_idx,
-        turn=np.array(cols.turn, dtype=np.int64),
-        q=np.array(cols.q, dtype=np.float64),
+        turn=cat("turn"),
+        q=cat("q"),
         c=c_raw / scale[trace_idx],
         q_final=trace_q_final[trace_idx],
         c_final=(trace_c_final / scale)[trace_idx],
-        propensity=np.array(cols.propensity, dtype=np.float64),
-        is_last=np.array(cols.is_last, dtype=bool),
-        q_filled=np.array(cols.q_filled, dtype=bool),
-        elapsed=np.array(cols.c_sec, dtype=np.float64),
-        tokens=tokens.copy(),
-        usd=np.array(cols.c_usd, dtype=np.float64),
-        latest_reward=np.array(cols.latest_reward, dtype=np.float64),
-        loop=np.array(cols.loop, dtype=bool),
-        net_stop=np.array(cols.net_stop, dtype=bool),
-        allowed=np.array(cols.allowed, dtype=bool),
-        proposed=np.array(cols.proposed, dtype=bool),
+        propensity=cat("propensity"),
+        is_last=cat("is_last"),
+        q_filled=cat("q_filled"),
+        elapsed=cat("seconds"),
+        tokens=tokens,
+        usd=cat("usd"),
+        latest_reward=cat("latest_reward"),
+        loop=cat("loop"),
+        net_stop=cat("net_stop"),
+        allowed=cat("allowed"),
+        proposed=cat("proposed"),
         c_raw=c_raw,
-        offsets=np.asarray(offsets, dtype=np.int64),
+        offsets=offsets.astype(np.int64),
         task_id=tasks,
-        group=groups,
-        trace_id=np.asarray(trace_ids, dtype=np.str_),
+        group=_groups(group_by, tasks, systems, dataset),
+        trace_id=cat("trace_id"),
         trace_q_final=trace_q_final,
         trace_c_final=trace_c_final / scale,
-        optimal_value=np.asarray(opt_value, dtype=np.float64),
-        optimal_lambda=np.asarray(opt_lambda, dtype=np.float64),
-        run_to_cap=np.asarray(run_to_cap, dtype=bool),
+        optimal_value=cat("optimal_value"),
+        optimal_lambda=cat("optimal_lambda"),
+        run_to_cap=cat("run_to_cap"),
         dataset=dataset,
         cost_scale=scale,
-        rule_stops=(
-            np.frombuffer(cols.rule_stops, dtype=np.int8).astype(bool).reshape(len(cols.q), len(stop_rules))
-            if stop_rules
-            else np.zeros((0, 0), dtype=bool)
-        ),
+        rule_stops=rule_stops if rule_stops.shape[1] else np.zeros((0, 0), dtype=bool),
     )
 
 
@@ -515,40 +657,52 @@ def load_decision_points(
 # --------------------------------------------------------------------------- CLI
 
 
+def feature_columns(dp: DecisionPoints) -> dict[str, npt.NDArray[Any]]:
+    """The columns ``stopserve features`` writes, in order: one value per decision point.
+
+    ``trace_id``, ``turn``, every feature but ``turn`` (the same number, written once),
+    ``q_t``, ``c_t``, ``q_final`` and ``cost_to_go``; CSV and Parquet carry the same.
+    """
+    cols: dict[str, npt.NDArray[Any]] = {"trace_id": dp.trace_id[dp.trace_idx], "turn": dp.turn}
+    for j, name in enumerate(dp.feature_names):
+        if name != "turn":
+            cols[name] = dp.X[:, j]
+    cols.update(q_t=dp.q, c_t=dp.c, q_final=dp.q_final, cost_to_go=dp.cost_to_go())
+    return cols
+
+
 def features_command(args: argparse.Namespace) -> int:
-    """``stopserve features TRACES -o CSV``: one CSV row per decision point."""
+    """``stopserve features TRACES (-o CSV | --parquet DIR) [--dask ADDRESS|local:N]``."""
+    if args.parquet is not None or args.dask is not None:
+        from stopserve.training.distributed import features_dask_command
+
+        return features_dask_command(args)
     dp = load_decision_points(
         args.traces,
         cost_unit=args.cost_unit,
         labels_from_rewards=args.labels_from_rewards,
         progress=False,
     )
-    out = Path(args.output)
+    write_features_csv(dp, args.output)
+    return 0
+
+
+def write_features_csv(dp: DecisionPoints, path: str | Path) -> None:
+    """:func:`feature_columns` as one CSV file (a row per decision point), and a line on stderr."""
+    out = Path(path)
     try:
         fh = out.open("w", newline="")
     except OSError as exc:
         raise TrainingError(f"{out}: cannot write: {exc.strerror or exc}") from exc
-    cost_to_go = dp.cost_to_go()
+    cols = feature_columns(dp)
     with fh:
         writer = csv.writer(fh)
-        # "turn" leads every row; a feature of the same name is the same number, written once
-        keep = [j for j, name in enumerate(dp.feature_names) if name != "turn"]
-        names = [dp.feature_names[j] for j in keep]
-        writer.writerow(["trace_id", "turn", *names, "q_t", "c_t", "q_final", "cost_to_go"])
+        writer.writerow(list(cols))
+        trace_ids, turns = cols.pop("trace_id"), cols.pop("turn")
+        numbers = np.column_stack(list(cols.values()))
         for i in range(dp.n_rows):
-            writer.writerow(
-                [
-                    dp.trace_id[dp.trace_idx[i]],
-                    int(dp.turn[i]),
-                    *(repr(float(v)) for v in dp.X[i, keep]),
-                    repr(float(dp.q[i])),
-                    repr(float(dp.c[i])),
-                    repr(float(dp.q_final[i])),
-                    repr(float(cost_to_go[i])),
-                ]
-            )
+            writer.writerow([trace_ids[i], int(turns[i]), *(repr(float(v)) for v in numbers[i])])
     print(
         f"wrote {dp.n_rows} decision points of {dp.n_traces} traces to {out} (cost unit {dp.cost_unit})",
         file=sys.stderr,
     )
-    return 0

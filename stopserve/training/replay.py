@@ -24,7 +24,7 @@ from stopserve.trace import Trace
 from stopserve.training.heuristics import Replay
 from stopserve.training.labels import DecisionPoints, IntArray, fold_events
 
-__all__ = ["REPLAY_ENGINE", "replay_decide", "replay_rows"]
+__all__ = ["REPLAY_ENGINE", "replay_decide", "replay_rows", "replay_stops"]
 
 #: How offline replays (``stopserve train``'s folds, ``stopserve evaluate``, the gap report)
 #: evaluate boosters: LightGBM's predict. They decide each run only until its first stop, a few
@@ -49,22 +49,40 @@ def replay_decide(
     every trace: e.g. the fold's learned policy and the fold's tuned heuristics). ``dp``
     must hold the decision points of the same traces in the same order.
     """
+    return replay_stops(traces, dp.offsets, policies_for, lam=lam, cost_share=cost_share, progress=progress)
+
+
+def replay_stops(
+    traces: Iterable[Trace],
+    offsets: IntArray,
+    policies_for: Callable[[int], Sequence[Any]],
+    *,
+    lam: float | None = None,
+    cost_share: float | None = None,
+    progress: bool = False,
+) -> IntArray:
+    """:func:`replay_decide` given only the traces' row ``offsets`` (``DecisionPoints.offsets``).
+
+    A part of the traces replays on its own: with its own offsets (from 0) it gives its
+    traces' stop rows counted from its first row (``stopserve.training.distributed``).
+    """
+    n_traces = int(offsets.shape[0] - 1)
     out: IntArray | None = None
     iterator: Iterable[Trace] = traces
     if progress:
         from tqdm import tqdm
 
-        iterator = tqdm(traces, total=dp.n_traces, desc="replay", unit=" traces", file=sys.stderr)
+        iterator = tqdm(traces, total=n_traces, desc="replay", unit=" traces", file=sys.stderr)
     n = 0
     for i, trace in enumerate(iterator):
-        if i >= dp.n_traces:
-            raise TrainingError(f"replay: more traces than decision points were built for ({dp.n_traces})")
+        if i >= n_traces:
+            raise TrainingError(f"replay: more traces than decision points were built for ({n_traces})")
         policies = policies_for(i)
         if out is None:
-            out = np.full((len(policies), dp.n_traces), -1, dtype=np.int64)
+            out = np.full((len(policies), n_traces), -1, dtype=np.int64)
         running = list(range(len(policies)))
         state = RunState(topology=trace.topology, budget=trace.budget)
-        row = int(dp.offsets[i])
+        row = int(offsets[i])
         for ev, is_row in fold_events(trace, state):
             if not is_row:
                 continue
@@ -79,14 +97,14 @@ def replay_decide(
                         still.append(j)
                 running = still
             row += 1
-        if row != dp.offsets[i + 1]:
+        if row != offsets[i + 1]:
             raise TrainingError(
-                f"replay: trace {trace.trace_id!r} has {row - int(dp.offsets[i])} decision points, "
-                f"{int(dp.offsets[i + 1] - dp.offsets[i])} were built: not the same traces"
+                f"replay: trace {trace.trace_id!r} has {row - int(offsets[i])} decision points, "
+                f"{int(offsets[i + 1] - offsets[i])} were built: not the same traces"
             )
         n += 1
-    if out is None or n != dp.n_traces:
-        raise TrainingError(f"replay: {n} traces given, decision points hold {dp.n_traces}")
+    if out is None or n != n_traces:
+        raise TrainingError(f"replay: {n} traces given, decision points hold {n_traces}")
     return out
 
 

@@ -252,6 +252,32 @@ def test_grades_are_never_read() -> None:
     np.testing.assert_array_equal(out[0], out[2])
 
 
+def test_contributions_are_never_read() -> None:
+    """The simulator's offline label ``contribution``: changing every one moves no feature."""
+    from stopserve.trace import Trace
+    from stopserve.training.simulate import simulate
+
+    runs = [Trace.model_validate(t) for t in simulate(12, seed=3)]
+    assert any(e.contribution for t in runs for e in t.events)
+    for trace in runs:
+        events = trace.events
+        variants = (
+            events,
+            [e.model_copy(update={"contribution": 7.5 - 3 * (e.contribution or 0.0)}) for e in events],
+            [e.model_copy(update={"contribution": None}) for e in events],
+        )
+        out = []
+        for evs in variants:
+            s = RunState(topology=trace.topology, budget=trace.budget)
+            rows = []
+            for e in evs:
+                s.fold(e)
+                rows.append(s.features())
+            out.append(np.array(rows))
+        np.testing.assert_array_equal(out[0], out[1])
+        np.testing.assert_array_equal(out[0], out[2])
+
+
 # ---------------------------------------------------------------- property: chunking
 
 _KINDS = ("spawn", "delegate", "communicate", "tool_use", "return", "aggregate", "reward", "stop")

@@ -35,6 +35,7 @@ SECTIONS: list[tuple[str, int]] = [
     ("bench_hook.py", 300),
     ("bench_serve.py", 900),
     ("bench_reliability.py", 1500),
+    ("bench_credit.py", 5400),
 ]
 
 

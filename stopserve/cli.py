@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--trace", action="append", metavar="ID", help="only this trace id (repeatable)")
     p.add_argument(
-        "--types", metavar="LIST", help="ablation: event types to remove (default: all but reward, stop)"
+        "--types", metavar="LIST", help="ablation: event types to remove (default: all but reward)"
     )
     p.add_argument(
         "--last-k", type=_positive_int, metavar="K", help="ablation: only the last K decision points"

@@ -30,10 +30,10 @@ How δ_t reaches the events: each event pays its own cost (``p_t ×`` its cost, 
 exactly); the value change is shared in proportion to tokens (``split="tokens"``, the
 default: the work each event did; equal shares where no event carries tokens) or
 equally (``"equal"``). A ``reward`` event is an observation — a verifier's or an
-environment's score of work already done — so it is never credited a value change: that
-of its interval goes to the other events of the interval, and when there are none (a
-verifier that speaks alone) to the events since the previous reward, the work it scored.
-Events after the last decision point get no credit (``None``).
+environment's score of the work done since the previous score — so it is never credited a
+value change: the change of an interval that holds one is shared over that work, every
+event since the previous reward. Events after the last decision point get no credit
+(``None``).
 
 ``window="reward"`` reads V only where the run is scored — at ``reward`` events — and at
 the last decision point; the changes in between telescope into one interval per scored
@@ -46,8 +46,8 @@ run without rewards gets the same credit either way.
 of event ``e`` in the interval closed by decision point ``t`` is ``V(s_t) − V(s_t without
 e) − p_t × cost(e)``: the state refolded from the prefix with ``e`` removed (a copy of the
 state before ``e``, then the rest of the interval). It costs one refold per event, so it
-is capped: only events of the chosen ``types`` (default: every type but ``reward`` and
-``stop``), only in the last ``last_k`` intervals. It sees what the model reads from an
+is capped: only events of the chosen ``types`` (default: every type but ``reward``), only
+in the last ``last_k`` intervals. It sees what the model reads from an
 event's presence, never its consequences: an effect that only shows in a later score is
 still in the prefix without the event.
 
@@ -106,8 +106,9 @@ WINDOWS: Final[tuple[str, ...]] = ("decision", "reward")
 BASELINES: Final[tuple[str, ...]] = ("zero", "model")
 #: What credit can be summed by; ``agent_type`` is the (agent, type) pair.
 GROUPINGS: Final[tuple[str, ...]] = ("event", "agent", "role", "type", "agent_type")
-#: Event types ablated by default: every act (a reward is an observation, a stop ends the run).
-ABLATION_TYPES: Final[tuple[str, ...]] = tuple(t for t in EVENT_TYPES if t not in ("reward", "stop"))
+#: Event types ablated by default: every act (a reward is an observation; a final stop comes after
+#: the last decision point, a proposed stop is an answer).
+ABLATION_TYPES: Final[tuple[str, ...]] = tuple(t for t in EVENT_TYPES if t != "reward")
 _OBSERVATION: Final = "reward"
 
 
@@ -406,11 +407,10 @@ def _td(path: _Path, used: Sequence[int], split: str) -> list[float | None]:
         lo, hi = idx[a] + 1, idx[b]
         for j in range(lo, hi + 1):
             credit[j] = -float(price[b]) * path.ev_cost[j]
-        acts = [j for j in range(lo, hi + 1) if events[j].type != _OBSERVATION]
-        if not acts:  # an observation alone: its change goes to the work it scored
-            acts = [j for j in range(last_reward + 1, lo) if events[j].type != _OBSERVATION] or list(
-                range(lo, hi + 1)
-            )
+        scored = any(events[j].type == _OBSERVATION for j in range(lo, hi + 1))
+        # a score's change goes to the work it scored: everything since the previous score
+        first = last_reward + 1 if scored else lo
+        acts = [j for j in range(first, hi + 1) if events[j].type != _OBSERVATION] or list(range(lo, hi + 1))
         dv = float(v[b] - v[a])
         for j, share in zip(acts, _shares(events, acts, split), strict=True):
             credit[j] = (credit[j] or 0.0) + dv * share
@@ -626,12 +626,14 @@ def plot_timeline(report: TraceCredit, path: str | Path) -> None:
     fig, (ax_v, ax_c) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, height_ratios=(1, 1.2))
     xs = [p.index + 1 for p in report.values]  # x = events folded so far
     ax_v.step(xs, [p.v for p in report.values], where="post", color="black", label="V(s_t)")
-    ax_v.plot(xs, [p.s for p in report.values], ":", color="grey", label="S (stop now)")
+    ax_v.plot(xs, [p.v for p in report.values], "o", color="black", markersize=3)
+    ax_v.step(xs, [p.s for p in report.values], ":", where="post", color="grey", label="S (stop now)")
     ax_v.set_ylabel("value (quality units)")
     ax_v.legend(loc="best", fontsize=8)
-    ax_v.set_title(
-        f"{report.trace_id}: value of the run and credit per event ({report.method}, {report.split})"
+    how = (
+        report.method if report.method == "ablation" else f"td, split {report.split}, window {report.window}"
     )
+    ax_v.set_title(f"{report.trace_id}\nvalue of the run, and credit per event ({how})", fontsize=9)
     credited = [e for e in report.events if e.credit is not None]
     ax_c.bar(
         [e.index + 1 for e in credited],

@@ -148,6 +148,29 @@ def test_a_reward_passes_its_change_to_the_work_it_scored(models: dict[str, Poli
     assert window.events[6].credit == pytest.approx((v[5] - v[4]) * 20 / 30 - price[5] * 20 / ks)
 
 
+def test_a_score_in_an_interval_with_a_message_goes_to_all_the_work_it_scored(
+    models: dict[str, Policy],
+) -> None:
+    """MINT's order: a proposal (a decision point), the critic's message, then the environment's score."""
+    events = [
+        _ev(0, "tool_use", "model", 100),
+        _ev(1, "return", "env"),
+        _ev(2, "stop", "model", 300, reason="information_complete", proposed=True),
+        _ev(3, "communicate", "critic", 200),
+        _ev(4, "reward", "env", value=0.0),
+    ]
+    report = credit_trace(models["behavior"], Trace(trace_id="r", task_id="t", events=events))
+    v = [p.v for p in report.values]  # start, e1, e2, e4
+    price = [p.price for p in report.values]
+    drop = v[3] - v[2]
+    credit = [e.credit for e in report.events]
+    # the score covers everything since the previous one (none): e0, e2, e3 by tokens
+    assert credit[3] == pytest.approx(drop * 200 / 600 - price[3] * 0.2)
+    assert credit[2] == pytest.approx((v[2] - v[1]) + drop * 300 / 600 - price[2] * 0.3)
+    assert credit[0] == pytest.approx((v[1] - v[0]) + drop * 100 / 600 - price[1] * 0.1)
+    assert credit[1] == pytest.approx(0.0) and credit[4] == 0.0
+
+
 def test_events_without_tokens_share_equally(models: dict[str, Policy]) -> None:
     events = [_ev(0, "tool_use", "a"), _ev(1, "communicate", "critic"), _ev(2, "return", "env")]
     report = credit_trace(models["behavior"], Trace(trace_id="r", task_id="t", events=events))

@@ -516,17 +516,9 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}"
 
 
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for j, r in enumerate(rows):
-        out.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-        if j == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
-
-
 def _aggregate_table(by: str, rows: Sequence[Mapping[str, Any]], limit: int | None) -> str:
+    from stopserve.training.fit import _table  # the trainer's plain-text table (CLI output only)
+
     names = list(_KEY_NAMES[by])
     labelled = any("contribution" in r for r in rows)
     head = [*names, "events", "credit", "mean", "per trace", *(["contribution"] if labelled else [])]
@@ -547,10 +539,12 @@ def _aggregate_table(by: str, rows: Sequence[Mapping[str, Any]], limit: int | No
         if limit and len(rows) > limit
         else ""
     )
-    return _table([head, *body]) + more
+    return _table([tuple(head), *(tuple(row) for row in body)]) + more
 
 
 def _timeline_table(report: TraceCredit) -> str:
+    from stopserve.training.fit import _table
+
     at_point = {p.index: p for p in report.values}
     labelled = any(e.contribution is not None for e in report.events)
     head = [
@@ -579,7 +573,7 @@ def _timeline_table(report: TraceCredit) -> str:
             ]
         )
     start = report.values[0]
-    return f"V(s_0) = {start.v:.4f} before any event\n" + _table([head, *body])
+    return f"V(s_0) = {start.v:.4f} before any event\n" + _table([tuple(head), *(tuple(r) for r in body)])
 
 
 _CSV_FIELDS: Final = (

@@ -38,6 +38,7 @@ SECTIONS: list[tuple[str, int]] = [
     ("bench_reliability.py", 1500),
     ("bench_replicas.py", 900),
     ("bench_dask.py", 5400),
+    ("bench_credit.py", 5400),
 ]
 
 

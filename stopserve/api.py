@@ -28,6 +28,9 @@ __all__ = [
     "BatchDecideResponse",
     "BatchItem",
     "BatchResult",
+    "CreditEvent",
+    "CreditResponse",
+    "CreditValue",
     "DecideRequest",
     "DecideResponse",
     "ErrorBody",
@@ -329,6 +332,57 @@ class RunInfo(BaseModel):
     created_at: float
     last_seen_at: float
     features: dict[str, float | None] = Field(description="Current features (null: not defined yet).")
+
+
+class CreditValue(BaseModel):
+    """The run's value at one decision point (``index`` -1: before any event)."""
+
+    index: int
+    event_id: str | None
+    turn: int
+    cost: float = Field(description="Cost so far, in the model's cost unit.")
+    v: float = Field(description="V(s_t) = max(S, Q - lambda K): the value of the run here.")
+    s: float = Field(description="Quality handed back if the run stops here.")
+    v_continue: float = Field(description="Value of going on, net of the rest of the run's cost.")
+    price: float = Field(description="Quality units one cost unit is worth here.")
+
+
+class CreditEvent(BaseModel):
+    """One event's credit (null: after the last decision point, or not ablated)."""
+
+    index: int
+    event_id: str
+    type: str
+    agent: str
+    role: str | None
+    tokens: int
+    cost: float
+    point: int = Field(description="The decision point whose interval holds the event (0: none).")
+    v_before: float | None
+    v_after: float | None
+    credit: float | None
+    contribution: float | None = Field(description="The offline label, when the events carry it.")
+
+
+class CreditResponse(BaseModel):
+    """Message-level credit of a live run's events so far (docs/credit.md)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    run_id: str
+    model_version: str | None
+    method: Literal["td", "ablation"]
+    split: Literal["tokens", "equal"]
+    window: Literal["decision", "reward"]
+    baseline: Literal["zero", "model"]
+    cost_unit: str
+    lam: float | None = Field(alias="lambda")
+    cost_share: float | None
+    values: list[CreditValue]
+    events: list[CreditEvent]
+    aggregates: dict[str, list[dict[str, Any]]] = Field(
+        description="Credit summed by agent, role, type and agent_type; largest first."
+    )
 
 
 class ModelInfo(BaseModel):

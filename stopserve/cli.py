@@ -27,6 +27,7 @@ _RUNNERS: Final[dict[str, str]] = {
     "train": "stopserve.training.fit:train_command",
     "evaluate": "stopserve.training.evaluate:evaluate_command",
     "simulate": "stopserve.training.simulate.cli:simulate_command",
+    "credit": "stopserve.training.credit:credit_command",
     "serve": "stopserve.service.app:serve_command",
     "hook claude-code": "stopserve.hooks.run:hook_command",
     "hook codex": "stopserve.hooks.run:hook_command",
@@ -257,6 +258,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-to-cap", action="store_true", help="run every trace to the cap, grade every prefix")
     p.add_argument("--noise", type=_non_negative_float, help="verifier noise (standard deviation)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.jsonl")
+
+    p = sub.add_parser(
+        "credit",
+        help="credit each event of a run with how much it moved the learned value (docs/credit.md)",
+        description="Message-level credit from a trained model's value V = max(S, Q - lambda K): "
+        "TD (the change of V between decision points, net of cost, split over the events between "
+        "them) or ablation (the change of V when one event is removed and the run refolded).",
+    )
+    p.add_argument("traces", nargs="+", metavar="TRACES")
+    p.add_argument("--model", metavar="DIR", help="model directory (default: the shipped models/default)")
+    p.add_argument("--method", choices=("td", "ablation"), default="td", help="Default: td")
+    p.add_argument(
+        "--split",
+        choices=("tokens", "equal"),
+        default="tokens",
+        help="td: how an interval's value change is shared by its events. Default: tokens",
+    )
+    p.add_argument(
+        "--window",
+        choices=("decision", "reward"),
+        default="decision",
+        help="td: read V at every decision point, or only at rewards (where the run is scored) and "
+        "the last decision point. Default: decision",
+    )
+    p.add_argument(
+        "--baseline",
+        choices=("zero", "model"),
+        default="zero",
+        help="V before the first event: 0 (nothing held or spent) or the model's value of the empty "
+        "run. Default: zero",
+    )
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--lambda", dest="lam", type=_non_negative_float, help="absolute cost weight")
+    group.add_argument("--cost-share", type=_share, help="cost share (default: the model's)")
+    p.add_argument(
+        "--by",
+        metavar="LIST",
+        help="comma list of event, agent, role, type, agent-type. Default: event,agent for one "
+        "trace, else agent,type",
+    )
+    p.add_argument("--trace", action="append", metavar="ID", help="only this trace id (repeatable)")
+    p.add_argument(
+        "--types", metavar="LIST", help="ablation: event types to remove (default: all but reward)"
+    )
+    p.add_argument(
+        "--last-k", type=_positive_int, metavar="K", help="ablation: only the last K decision points"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--csv", metavar="FILE.csv", help="write one row per event")
+    p.add_argument("--plot", metavar="FILE.png", help="timeline of V and per-event credit (first trace)")
+    p.add_argument("--limit", type=_positive_int, default=30, help="rows per table (default 30)")
+    p.add_argument("--limit-traces", type=_positive_int, default=3, help="event tables shown (default 3)")
 
     p = sub.add_parser("serve", help="serve continue-or-stop decisions over HTTP")
     p.add_argument("--model", metavar="DIR", help="model directory (default: the shipped models/default)")

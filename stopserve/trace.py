@@ -175,6 +175,8 @@ class Event(_Model):
     reason: StopReason | None = None
     proposed: bool | None = None
     grade: float | None = Field(default=None, allow_inf_nan=False)
+    #: offline label: the true quality change this event caused (a simulator knows it); never a feature
+    contribution: float | None = Field(default=None, allow_inf_nan=False)
     decision: Decision | None = None
 
     _whole = field_validator("tokens", mode="before")(_whole_number)

@@ -240,16 +240,38 @@ def test_grades_are_never_read() -> None:
     ]
     regraded = [e.model_copy(update={"grade": 1.0 - (e.grade or 0.0)}) for e in events]
     ungraded = [e.model_copy(update={"grade": None}) for e in events]
-    out = []
-    for evs in (events, regraded, ungraded):
-        s = RunState()
-        rows = []
-        for e in evs:
-            s.fold(e)
-            rows.append(s.features())
-        out.append(np.array(rows))
+    out = [_feature_rows(evs) for evs in (events, regraded, ungraded)]
     np.testing.assert_array_equal(out[0], out[1])
     np.testing.assert_array_equal(out[0], out[2])
+
+
+def _feature_rows(events: list[Event], topology: str | None = None, budget: Any = None) -> np.ndarray:
+    """The features after each event, folded one at a time."""
+    s = RunState(topology=topology, budget=budget)
+    rows = []
+    for e in events:
+        s.fold(e)
+        rows.append(s.features())
+    return np.array(rows)
+
+
+def test_contributions_are_never_read() -> None:
+    """The simulator's offline label ``contribution``: changing every one moves no feature."""
+    from stopserve.trace import Trace
+    from stopserve.training.simulate import simulate
+
+    runs = [Trace.model_validate(t) for t in simulate(12, seed=3)]
+    assert any(e.contribution for t in runs for e in t.events)
+    for trace in runs:
+        events = trace.events
+        variants = (
+            events,
+            [e.model_copy(update={"contribution": 7.5 - 3 * (e.contribution or 0.0)}) for e in events],
+            [e.model_copy(update={"contribution": None}) for e in events],
+        )
+        out = [_feature_rows(evs, trace.topology, trace.budget) for evs in variants]
+        np.testing.assert_array_equal(out[0], out[1])
+        np.testing.assert_array_equal(out[0], out[2])
 
 
 # ---------------------------------------------------------------- property: chunking

@@ -32,11 +32,11 @@ import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import ijson
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Path, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -47,8 +47,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stopserve import __version__
 from stopserve.api import (
+    MAX_INT,
+    MAX_NUMBER,
     BatchDecideRequest,
     BatchDecideResponse,
+    CreditResponse,
     DecideRequest,
     DecideResponse,
     HealthResponse,
@@ -544,6 +547,43 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return _json(done.model_dump(mode="json"))
 
     app.include_router(hot)
+
+    # before the run route: its {run_id:path} would take ".../credit" as an id (and refuse it)
+    @app.get(
+        "/v1/runs/{run_id:path}/credit",
+        response_model=CreditResponse,
+        responses=_ERRORS,
+        tags=["runs"],
+        summary="Message-level credit of a live run's events, from the served model's value",
+    )
+    def run_credit(
+        run_id: RunId,
+        engine: EngineDep,
+        *,
+        method: Literal["td", "ablation"] = "td",
+        split: Literal["tokens", "equal"] = "tokens",
+        window: Literal["decision", "reward"] = "decision",
+        baseline: Literal["zero", "model"] = "zero",
+        lam: Annotated[float | None, Query(alias="lambda", ge=0, le=MAX_NUMBER)] = None,
+        cost_share: Annotated[float | None, Query(ge=0, le=100)] = None,
+        types: Annotated[str | None, Query(description="ablation: comma list of event types")] = None,
+        last_k: Annotated[int | None, Query(ge=1, le=MAX_INT, description="ablation: last K points")] = None,
+    ) -> Response:
+        """What each event did to the run's value so far: TD or ablation credit (docs/credit.md)."""
+        kinds = [t.strip() for t in types.split(",") if t.strip()] if types is not None else None
+        return _json(
+            engine.credit(
+                run_id,
+                method=method,
+                split=split,
+                window=window,
+                baseline=baseline,
+                lam=lam,
+                cost_share=cost_share,
+                types=kinds,
+                last_k=last_k,
+            )
+        )
 
     @app.get("/v1/runs/{run_id:path}", response_model=RunInfo, responses=_ERRORS, tags=["runs"])
     def get_run(run_id: RunId, engine: EngineDep) -> RunInfo:

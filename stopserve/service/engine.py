@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import anyio
 import anyio.to_thread
@@ -83,7 +83,7 @@ from stopserve.service.store import (
     open_store,
 )
 from stopserve.settings import Settings
-from stopserve.trace import Event, Stop, check_trace
+from stopserve.trace import Event, Stop, Topology, Trace, check_trace
 
 __all__ = ["Engine", "Serving", "load_policy"]
 
@@ -98,6 +98,8 @@ INLINE_EVENTS: Final = 64
 _ATTEMPTS: Final = 16
 #: Room kept in a run's byte cap for the decision a call adds (its JSON text is a few hundred bytes).
 _DECISION_RESERVE: Final = 1024
+#: Decision points an ablation of a live run reads back by default (one refold per event).
+CREDIT_ABLATION_LAST_K: Final = 10
 #: Bounds of a safety config sent in a request (beyond them: 422 naming the field).
 _SAFETY_DEPTH: Final = 8
 _SAFETY_ITEMS: Final = 64
@@ -814,6 +816,62 @@ class Engine:
                 last_seen_at=run.last_seen_at,
                 features=features,
             )
+
+    def credit(
+        self,
+        run_id: str,
+        *,
+        method: str = "td",
+        split: str = "tokens",
+        window: str = "decision",
+        baseline: str = "zero",
+        lam: float | None = None,
+        cost_share: float | None = None,
+        types: Sequence[str] | None = None,
+        last_k: int | None = None,
+    ) -> dict[str, Any]:
+        """Message-level credit of a live run's events so far, under the served model (docs/credit.md).
+
+        ``lam`` / ``cost_share`` default to the run's own, then the model's. An ablation
+        reads the last :data:`CREDIT_ABLATION_LAST_K` decision points unless ``last_k`` says.
+        """
+        from stopserve.training.credit import aggregate, credit_trace  # offline code: loaded on first use
+
+        run = self._lookup(run_id)
+        with run.lock:
+            texts = list(run.events)
+            task_id, topology, budget = run.task_id, run.topology, run.budget
+            if lam is None and cost_share is None:
+                lam, cost_share = run.lam, run.cost_share
+        if lam is not None and cost_share is not None:
+            raise ConfigError("give lambda or cost_share, not both", [Issue("one of the two", path="lambda")])
+        if method == "ablation" and last_k is None:
+            last_k = CREDIT_ABLATION_LAST_K
+        trace = Trace.model_construct(
+            trace_id=run_id,
+            task_id=task_id,
+            topology=cast(Topology | None, topology),  # checked when the run was created
+            budget=budget,
+            events=[Event.model_validate_json(text) for text in texts],
+        )
+        policy = self.serving.policy
+        report = credit_trace(
+            policy,
+            trace,
+            method=method,
+            split=split,
+            window=window,
+            baseline=baseline,
+            lam=lam,
+            cost_share=cost_share,
+            types=types,
+            last_k=last_k,
+        )
+        data = report.to_dict()
+        data["run_id"] = data.pop("trace_id")
+        data["model_version"] = policy.model_version
+        data["aggregates"] = {by: aggregate([report], by) for by in ("agent", "role", "type", "agent_type")}
+        return data
 
     def _evicted(self, run: Run, cause: EvictionCause) -> None:
         self.metrics.evictions.labels(cause=cause).inc()

@@ -31,7 +31,9 @@ def test_every_answered_decision_is_in_the_log_when_answered(tmp_path: Path, fsy
                 r = client.post(f"/v1/runs/{run}/decide", json={"events": turn_events(turn)})
                 assert r.status_code == 200, r.text
                 # read the file the moment the answer arrives: the line must already be there
-                seen = {(x["run_id"], x["seq"]) for x in map(json.loads, log.read_bytes().splitlines())}
+                # (other threads' lines may be mid-write: only whole lines, those ended by a newline)
+                whole = log.read_bytes().split(b"\n")[:-1]
+                seen = {(x["run_id"], x["seq"]) for x in map(json.loads, whole)}
                 answered.append((run, turn))
                 if (run, turn) not in seen:
                     missing.append((run, turn))

@@ -70,9 +70,18 @@ def test_logged_run_is_a_prefix_of_its_run_to_cap_twin() -> None:
     for a, b in zip(logged, full, strict=True):
         cut = len(a["events"]) - 1  # the final stop event
         assert int(b["metrics"]["behavior_stop_index"]) == cut - 1
-        for ea, eb in zip(a["events"][:cut], b["events"][:cut], strict=True):
-            keep = ea["type"] == "aggregate"
-            assert ea == (eb if keep else {k: v for k, v in eb.items() if k != "grade"})
+        # a round the stop cut before its aggregate wrote no answer: its returns contributed nothing
+        written = [i for i, e in enumerate(a["events"][:cut]) if e["type"] == "aggregate"]
+        unwritten = written[-1] + 1 if written else 0
+        for i, (ea, eb) in enumerate(zip(a["events"][:cut], b["events"][:cut], strict=True)):
+            if ea["type"] == "aggregate":
+                assert ea == eb
+                continue
+            drop = ("grade",) if i < unwritten else ("grade", "contribution")
+            assert i < unwritten or ea.get("contribution", 0.0) == 0.0
+            assert ea == {k: v for k, v in eb.items() if k not in drop} | (
+                {} if i < unwritten or "contribution" not in ea else {"contribution": ea["contribution"]}
+            )
         assert a["rewards"]["team"] == b["events"][cut - 1]["grade"]
         if a["metrics"]["behavior_policy"] != 0:
             assert a["budget"] == b["budget"]
@@ -81,6 +90,41 @@ def test_logged_run_is_a_prefix_of_its_run_to_cap_twin() -> None:
             assert a["budget"]["max_turns"] >= dps
             chosen += a["budget"]["max_turns"] > dps
     assert chosen > 10
+
+
+def test_contributions_sum_to_the_grade_round_by_round() -> None:
+    """The offline label: each return and aggregate carries the quality change it caused.
+
+    docs/simulator.md, "Contribution"."""
+    for noise in (0.05, 0.0):
+        for trace in _traces(60, 9, noise=noise) + _traces(20, 10, noise=noise, run_to_cap=True):
+            events = trace["events"]
+            assert all(("contribution" in e) == (e["type"] in ("return", "aggregate")) for e in events)
+            total = sum(e.get("contribution", 0.0) for e in events)
+            assert total == pytest.approx(trace["rewards"]["team"], abs=1e-5)
+            start, grade, level, ref = 0, 0.0, 0.0, None
+            for i, e in enumerate(events):
+                if e["type"] == "reward":
+                    level = e["value"]
+                if e["type"] != "aggregate":
+                    continue
+                carriers = [x for x in events[start : i + 1] if x["type"] in ("return", "aggregate")]
+                change = sum(x["contribution"] for x in carriers)
+                assert change == pytest.approx(e["grade"] - grade, abs=1e-5)
+                if e["content_ref"] == ref:  # a stuck round: the answer did not change
+                    assert all(x["contribution"] == 0.0 for x in carriers)
+                returns = [x for x in carriers if x["type"] == "return"]
+                if len(returns) >= 2 and returns[0]["contribution"] != 0.0:
+                    # the level change is shared in proportion to tokens
+                    ratio = returns[0]["contribution"] / returns[0]["tokens"]
+                    assert returns[1]["contribution"] / returns[1]["tokens"] == pytest.approx(ratio, rel=1e-3)
+                if noise == 0.0:  # no deviation: the aggregate carries only its token share
+                    share = e["contribution"] / e["tokens"] if e["tokens"] else 0.0
+                    assert not returns or returns[0]["tokens"] * share == pytest.approx(
+                        returns[0]["contribution"], abs=1e-5
+                    )
+                start, grade, ref = i + 1, e["grade"], e["content_ref"]
+            assert level == pytest.approx(round(level, 1))
 
 
 @pytest.mark.parametrize("extra", [(), ("--optimal", "--lambda", "1"), ("--run-to-cap", "--lambda", "0.1")])

@@ -207,6 +207,27 @@ def _grade(rng: random.Random, mean: float, noise: float) -> float:
     return round(mean + dev, 4)
 
 
+def _contribute(events: list[dict[str, Any]], start: int, d_level: float, d_grade: float) -> None:
+    """The offline label ``contribution`` of a round's ``return``s and ``aggregate`` (events from ``start``).
+
+    The round's level change ``d_level`` is split over its returns and its aggregate in
+    proportion to their tokens; the aggregate (the last of them) also carries the change of
+    the answer's own deviation, ``d_grade - d_level``. So a round's contributions sum to its
+    change of grade (docs/simulator.md, "Contribution"). No random draw: the runs are unchanged.
+    ``start = -1``: the returns after the last aggregate (a run stopped mid-round) get 0.
+    """
+    if start < 0:
+        start = next((i + 1 for i in range(len(events) - 1, -1, -1) if events[i]["type"] == "aggregate"), 0)
+    carriers = [ev for ev in events[start:] if ev["type"] in ("return", "aggregate")]
+    if not carriers:
+        return
+    total = sum(ev["tokens"] for ev in carriers)
+    for ev in carriers:
+        ev["contribution"] = round(d_level * ev["tokens"] / total, 6) if total else 0.0
+    if carriers[-1]["type"] == "aggregate":
+        carriers[-1]["contribution"] = round(carriers[-1]["contribution"] + d_grade - d_level, 6)
+
+
 def _pick(rng: random.Random, probs: Sequence[float]) -> int:
     u = rng.random()
     acc = 0.0
@@ -279,9 +300,11 @@ def _materialize(
     agg_ref = ""
     loop_refs: list[str] = []
     loop_errors: list[bool] = []
+    level = 0.0  # the answer's level before the round (no answer yet: 0)
     for k in range(rounds):
         mu = skel.states[k][0]
         mask = skel.present[k]
+        start, q_before = len(events), q
         if mask is None:
             if not loop_refs:
                 loop_refs = [f"{bits(48):012x}" for _ in comp.stuck]
@@ -304,6 +327,8 @@ def _materialize(
             q = _grade(rng, mu / levels, noise)
         emit(comp.aggregate, agg_ref, False)
         events[-1]["grade"] = q
+        _contribute(events, start, mu / levels - level, q - q_before)
+        level = mu / levels
         value = mu / levels
         round_reward.append(
             info("reward", _VERIFIER, {"tokens": 0, "usd": 0.0, "value": value, "channel": "quality"})
@@ -482,6 +507,7 @@ def _finish(
     else:
         end = b_stop
         events = run.events[: end + 1]
+        _contribute(events, -1, 0.0, 0.0)  # a round cut before its aggregate wrote no answer
     if rule is not None:
         opt, q_opt, c_opt = _optimal_stop(run, opt_round)
         metrics["optimal_value"] = q_opt - rule.lam * (c_opt / 1000.0)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import SHARED_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -115,7 +116,9 @@ def test_simulate_smoke(workdir: Path) -> None:
 
 def test_quality_smoke(workdir: Path) -> None:
     doc = _run("bench_quality.py", workdir)
-    assert _measured(doc, "simulator")
+    # without ../shared/data (a fresh clone) the real sets are left out, and the section says so
+    absent = None if SHARED_DATA.exists() else "no real runs under"
+    assert _measured(doc, "simulator", left_out=absent)
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install -y wrk)")

@@ -2,6 +2,14 @@
 
     python bench/run_all.py            # the full suite (about 20 minutes on 2 cores)
     python bench/run_all.py --quick    # smaller inputs, shorter runs (a few minutes)
+    python bench/run_all.py --update --only decide serve      # re-run two sections, keep the rest
+    python bench/run_all.py --update --from-json q.json        # a section run by its own command
+
+The slow sections (quality at full size takes about an hour, the Dask and credit benchmarks
+longer) are run on their own (``python bench/bench_quality.py --size full --out q.json``) and
+put in with ``--update --from-json``. With ``--update`` the other sections of RESULTS.md stay
+as they were; every section says when, on which code and under what load it was measured
+(``bench/results.json`` keeps the sections RESULTS.md is rendered from).
 
 Each section runs in its own process, one after another (never in parallel: the
 figures would disturb each other), with a timeout; a section whose part is missing
@@ -137,25 +145,80 @@ def _stub(name: str, why: str, command: str = "", tail: str = "", took: float = 
             "missing": [why], "targets": [], "seconds": took}  # fmt: skip
 
 
+#: The sections RESULTS.md is rendered from, each with when and how it was measured.
+STATE: Path = BENCH / "results.json"
+
+
+def stamp(doc: dict[str, Any], started: dt.datetime, load_start: float) -> dict[str, Any]:
+    """When, on which code and under what load the section was measured."""
+    doc.setdefault(
+        "measured",
+        f"{started.strftime('%Y-%m-%d %H:%M UTC')}, code git {git_head()}, "
+        f"load average {load_start} at the start and {machine()['load_1min']} at the end",
+    )
+    return doc
+
+
+def from_json(path: Path) -> dict[str, Any]:
+    """A section a benchmark script wrote with ``--out`` (run by its own command)."""
+    doc: dict[str, Any] = json.loads(path.read_text())
+    when = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    doc.setdefault("measured", f"run by its own command, finished {when}, code git {git_head()}")
+    return doc
+
+
+def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``old`` with each section of ``new`` in its place (same title), or added at the end."""
+    out = list(old)
+    for doc in new:
+        at = next((i for i, d in enumerate(out) if d["title"] == doc["title"]), None)
+        if at is None:
+            out.append(doc)
+        else:
+            out[at] = doc
+    return out
+
+
 def render(
-    docs: list[dict[str, Any]], argv: list[str], started: dt.datetime, facts: dict[str, Any], complete: bool
+    docs: list[dict[str, Any]],
+    argv: list[str],
+    started: dt.datetime,
+    facts: dict[str, Any],
+    complete: bool,
+    updated: bool = False,
 ) -> str:
     """RESULTS.md; the hand-written reading (NOTES.md) only when every section ran."""
     took = sum(d.get("seconds", 0.0) for d in docs)
+    head = (
+        [
+            "Each section was produced by one command on this machine; sections were measured at "
+            "different times (each says when, on which code and under what load), and the only "
+            "hand-written part is the last section, which reads them. The machine is shared (2 cores, "
+            "other work running), so absolute figures are noisy: each section compares against a "
+            "baseline measured in the same run, and the ratios are the figures to read.",
+            "",
+            f"- Last update: `{command_line(argv)}` on {started.strftime('%Y-%m-%d %H:%M UTC')}",
+            f"- Machine: {facts['cpus']} cores, Python {facts['python']}, {facts['platform']}",
+        ]
+        if updated
+        else [
+            "Every figure below was produced by one command on this machine, in one run; the only "
+            "hand-written part is the last section, which reads them. The machine is shared (2 cores, "
+            "other work running), so absolute figures are "
+            "noisy: each section compares against a baseline measured in the same run, and the ratios "
+            "are the figures to read.",
+            "",
+            f"- Command: `{command_line(argv)}`",
+            f"- Date: {started.strftime('%Y-%m-%d %H:%M UTC')}; took {took / 60:.1f} min",
+            f"- Machine: {facts['cpus']} cores, Python {facts['python']}, {facts['platform']}",
+            f"- Load average (1 min) at start: {facts['load_1min']}, at end: {machine()['load_1min']}",
+            f"- Code: git {git_head()}",
+        ]
+    )
     lines = [
         "# stopserve benchmark results",
         "",
-        "Every figure below was produced by one command on this machine, in one run; the only "
-        "hand-written part is the last section, which reads them. The machine is shared (2 cores, "
-        "other work running), so absolute figures are "
-        "noisy: each section compares against a baseline measured in the same run, and the ratios are "
-        "the figures to read.",
-        "",
-        f"- Command: `{command_line(argv)}`",
-        f"- Date: {started.strftime('%Y-%m-%d %H:%M UTC')}; took {took / 60:.1f} min",
-        f"- Machine: {facts['cpus']} cores, Python {facts['python']}, {facts['platform']}",
-        f"- Load average (1 min) at start: {facts['load_1min']}, at end: {machine()['load_1min']}",
-        f"- Code: git {git_head()}",
+        *head,
         "",
         "## Targets",
         "",
@@ -168,12 +231,14 @@ def render(
             lines.append(f"| {d['title']} | {t['name']} | {t['measured']} | {t['goal']} | {verdict} |")
     missing = [(d["title"], m) for d in docs for m in d.get("missing", [])]
     if missing:
-        lines += ["", "Not measured in this run:", ""]
+        lines += ["", "Not measured" + ("" if updated else " in this run") + ":", ""]
         lines += [f"- {title}: {m}" for title, m in missing]
     notes = BENCH / "NOTES.md"
     lines.append("")
     for d in docs:
-        lines += [d["markdown"].rstrip(), ""]
+        md = d["markdown"].rstrip().split("\n", 1)
+        when = [f"Measured: {d['measured']}.", ""] if updated and d.get("measured") else []
+        lines += [md[0], "", *when, *(md[1].lstrip("\n").splitlines() if len(md) > 1 else []), ""]
     if notes.exists() and complete:
         lines += [
             "## Reading the misses (written by hand from the profiles above)",
@@ -195,9 +260,26 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="decision points for the training benchmark (default 50,000 in the full run)",
     )
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help=f"keep the sections of {STATE.name} that are not re-run (with --only or --from-json)",
+    )
+    p.add_argument(
+        "--from-json",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="with --update: sections a benchmark script wrote with --out",
+    )
     p.add_argument("--output", type=Path, default=BENCH / "RESULTS.md")
     p.add_argument("--workdir", type=Path, help="scratch folder (default: a temporary one, removed after)")
     args = p.parse_args(argv)
+    if args.from_json and not args.update:
+        p.error("--from-json needs --update")
+    if args.update and not STATE.exists():
+        p.error(f"--update needs {STATE} (written by a full run)")
     size = args.size or ("quick" if args.quick else "full")
     scale = {"tiny": 0.2, "quick": 0.5, "full": 1.0}[size]
     started = dt.datetime.now(dt.UTC)
@@ -209,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = [(p.name, 600) for p in sorted(BENCH.glob("*.py")) if not p.name.startswith("_")
              and p.name != "run_all.py" and p.name not in known]  # fmt: skip
     chosen = SECTIONS + extra
+    if args.update and not args.only:
+        chosen = []
     if args.only:
         wanted = {n.removeprefix("bench_").removesuffix(".py") for n in args.only}
         chosen = [s for s in chosen if s[0].removeprefix("bench_").removesuffix(".py") in wanted]
@@ -224,7 +308,10 @@ def main(argv: list[str] | None = None) -> int:
                 if args.train_points and script == "bench_train.py"
                 else []
             )
+            load_start = machine()["load_1min"]
+            started_at = dt.datetime.now(dt.UTC)
             doc = run_section(script, size, workdir, timeout * scale + 60, opts)
+            doc = stamp(doc, started_at, load_start)
             print(
                 f"   {time.monotonic() - t0:.0f}s; missing: {doc.get('missing') or 'nothing'}",
                 file=sys.stderr,
@@ -234,7 +321,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     shown = [str(Path(__file__)), *(argv or sys.argv[1:])]
-    args.output.write_text(render(docs, shown, started, facts, complete=not args.only))
+    docs += [from_json(path) for path in args.from_json]
+    if args.update:
+        docs = merge(json.loads(STATE.read_text()), docs)
+        complete = True
+    else:
+        complete = not args.only
+    if args.output == BENCH / "RESULTS.md" and complete:
+        STATE.write_text(json.dumps(docs, indent=1, default=str) + "\n")
+    args.output.write_text(render(docs, shown, started, facts, complete=complete, updated=args.update))
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
 

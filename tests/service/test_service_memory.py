@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import tracemalloc
 from pathlib import Path
@@ -73,7 +74,7 @@ def _retained(engine: Engine, run_id: str, bodies: list[dict[str, Any]]) -> tupl
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
     for body in bodies:
-        engine.decide(run_id, DecideRequest.model_validate(body))
+        asyncio.run(engine.decide(run_id, DecideRequest.model_validate(body)))
     gc.collect()
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()

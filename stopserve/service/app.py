@@ -3,13 +3,17 @@
 Routes only adapt HTTP to :class:`~stopserve.service.engine.Engine`: parse,
 call, serialise. Nothing happens at import time; the model loads in the lifespan.
 
-The decide calls are the hot path. A small ASGI fast path (:class:`_FastDecide`)
-answers them before FastAPI's router: it parses the body straight from bytes with
-pydantic-core, decides inline on the event loop (CPU-bound, cheaper than a hop to
-a worker thread) and answers pre-serialised JSON; only the wait for the decision
-log is awaited. The same routes are declared (and documented) as ``async def`` on
-:class:`LeanRoute`, which serves what the fast path passes on. The other routes
-are plain ``def`` functions in the thread pool.
+The decide calls are the hot path, served by plain ``async def`` FastAPI routes
+that take the :class:`~fastapi.Request` and read the body themselves (``_body``):
+bytes through the count-limited reader, ``Model.model_validate_json`` (no
+``json.loads``, no dict walk), the engine's coroutine deciding inline on the event
+loop (CPU-bound, cheaper than a hop to a worker thread; only the wait for the
+decision log is awaited) and an ``orjson`` :class:`~fastapi.Response`. Errors go
+through the app's exception handlers like any route's; the request models are
+documented with the public ``openapi_extra`` and added to the schema's components
+(``_document_bodies``). Issue 16 measured these routes against the ASGI fast path
+they replaced (``bench/bench_serve.py``, bench/RESULTS.md). The other routes are
+plain ``def`` functions in the thread pool.
 
 Hostile bodies cost little: the body limit holds while the body streams in, and
 above :data:`SMALL_BODY` bytes the events (and batch runs) are counted as they

@@ -45,7 +45,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.models import OpenAPI
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, StringConstraints, TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -83,14 +83,14 @@ _log = logging.getLogger("stopserve.service")
 #: Bodies up to this size are validated inline on the event loop; larger ones in a worker thread.
 SMALL_BODY: Final = 16 * 1024
 
-RunId = Annotated[
-    str,
-    Path(
-        pattern=RUN_ID_PATTERN,
-        description="The run's id (letters, digits, . _ : @ + -; at most 256, no '/'); it is the trace_id.",
-        examples=["run-42"],
-    ),
+_RUN_ID_DOC: Final = "The run's id (letters, digits, . _ : @ + -; at most 256, no '/'); it is the trace_id."
+RunId = Annotated[str, Path(pattern=RUN_ID_PATTERN, description=_RUN_ID_DOC, examples=["run-42"])]
+#: The same parameter, documented alike, checked by the route (:func:`_body`) rather than by FastAPI,
+#: so that a bad id and a bad body are reported together, as for any FastAPI body route.
+RunIdOfBody = Annotated[
+    str, Path(description=_RUN_ID_DOC, examples=["run-42"], json_schema_extra={"pattern": RUN_ID_PATTERN})
 ]
+_run_id: Final[TypeAdapter[str]] = TypeAdapter(Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN)])
 
 #: Every error a route may answer, from the one table (status -> body and ``type`` strings).
 _ERRORS: Final = openapi_responses()
@@ -273,13 +273,21 @@ async def _read_and_parse(
     return raw, await engine.offload(_parse_body, model, raw, scope, errors)
 
 
-async def _body(request: Request, model: type[_M]) -> _M | None:
+async def _body(request: Request, model: type[_M], run_id: str | None = None) -> _M | None:
     """The request's body as ``model``: read under its count limits, validated from bytes.
 
-    None when the client went away; a body that does not validate raises the same
-    ``RequestValidationError`` (``body.events[0].t``) FastAPI raises for its own bodies.
+    None when the client went away; a body (or ``run_id``, a path parameter) that does
+    not validate raises the same ``RequestValidationError`` (``body.events[0].t``,
+    ``path.run_id``) FastAPI raises for its own body routes, every problem in one.
     """
     errors: list[Any] = []
+    if run_id is not None:
+        try:
+            _run_id.validate_python(run_id)
+        except ValidationError as exc:
+            errors.extend(
+                {**err, "loc": ("path", "run_id", *err["loc"])} for err in exc.errors(include_url=False)
+            )
     raw, body = await _read_and_parse(model, request.scope, request.receive, _engine(request), errors)
     if errors:
         raise RequestValidationError(errors, body=raw)
@@ -417,9 +425,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Continue or stop this run? (the first call creates it)",
         openapi_extra=_body_doc(DecideRequest),
     )
-    async def decide(request: Request, run_id: RunId) -> Response:
+    async def decide(request: Request, run_id: RunIdOfBody) -> Response:
         """Send the events since the last call; events already seen are ignored (safe retries)."""
-        body = await _body(request, DecideRequest)
+        body = await _body(request, DecideRequest, run_id)
         return _json(await _engine(request).decide(run_id, body)) if body is not None else _gone()
 
     @app.post(
@@ -456,9 +464,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Post the final rewards: closes the run and logs its trace",
         openapi_extra=_body_doc(OutcomeRequest),
     )
-    async def outcome(request: Request, run_id: RunId) -> Response:
+    async def outcome(request: Request, run_id: RunIdOfBody) -> Response:
         """The complete trace (events, decisions, outcome) goes to ``traces.jsonl``, format v1."""
-        body = await _body(request, OutcomeRequest)
+        body = await _body(request, OutcomeRequest, run_id)
         if body is None:
             return _gone()
         done = await run_in_threadpool(_engine(request).outcome, run_id, body)

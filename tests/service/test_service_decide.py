@@ -127,6 +127,10 @@ def test_decide_errors_are_the_documented_ones(tmp_path: Path) -> None:
         # a run id the route refuses: the path parameter is named
         r = client.post("/v1/runs/a%20b/decide", json={"events": []})
         assert r.status_code == 422 and r.json()["error"]["issues"][0]["field"] == "path.run_id"
+        # ... and with a bad body too, both are named in one answer (as FastAPI does for its body routes)
+        json_type = {"content-type": "application/json"}
+        r = client.post("/v1/runs/a%20b/outcome", content=b"{nope", headers=json_type)
+        assert [i["field"] for i in r.json()["error"]["issues"]] == ["path.run_id", "body"]
         # over the body limit, streamed or declared
         big = {"events": turn_events(0), "system": "x" * 5000}
         r = client.post("/v1/runs/a/decide", json=big)

@@ -156,8 +156,13 @@ def _parse_body(model: type[_M], raw: bytes, scope: MutableMapping[str, Any], er
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        errors.extend({**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False))
+        errors.extend(_located(exc, "body"))
         return None
+
+
+def _located(exc: ValidationError, *where: str) -> list[Any]:
+    """pydantic's errors as FastAPI reports them: each ``loc`` under ``where`` (``body``, ``path.run_id``)."""
+    return [{**err, "loc": (*where, *err["loc"])} for err in exc.errors(include_url=False)]
 
 
 class TooManyInBodyError(RunLimitError):
@@ -285,9 +290,7 @@ async def _body(request: Request, model: type[_M], run_id: str | None = None) ->
         try:
             _run_id.validate_python(run_id)
         except ValidationError as exc:
-            errors.extend(
-                {**err, "loc": ("path", "run_id", *err["loc"])} for err in exc.errors(include_url=False)
-            )
+            errors.extend(_located(exc, "path", "run_id"))
     raw, body = await _read_and_parse(model, request.scope, request.receive, _engine(request), errors)
     if errors:
         raise RequestValidationError(errors, body=raw)

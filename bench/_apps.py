@@ -8,6 +8,10 @@
 - ``bare_typed_app``: as ``bare_app``, with the body declared as
   ``stopserve.api.DecideRequest`` (the model stopserve parses), so the events are
   validated in both: the baseline the serving targets are computed against.
+- ``fastpath_app``: the contender the service no longer ships (issue 16): ``stopserve_app``
+  with the removed ASGI fast path in front of the router, answering the run decide call
+  past FastAPI's routing (same body reading, same engine call, same answer; errors through
+  the app's handlers). Measured beside the shipped routes in the same run.
 - ``static_app``: a raw ASGI responder with a constant body: the ceiling of uvicorn on
   this machine, which shows how far the load generator is from being the bottleneck.
 """
@@ -52,6 +56,73 @@ def stopserve_app() -> Any:
         log_level="warning",
     )
     return create_app(settings)
+
+
+def fastpath_app() -> Any:
+    """:func:`stopserve_app` with the ASGI fast path the service had before issue 16, innermost.
+
+    Only the run decide call (the one ``decide.lua`` sends) takes the fast path; the rest
+    goes on to the shipped routes. ``user_middleware`` is outermost first: appended, it sits
+    inside the body limit, where the service had it.
+    """
+    import re
+
+    import orjson
+    from starlette.middleware import Middleware
+    from starlette.requests import Request
+
+    from stopserve.ids import RUN_ID_PATTERN
+    from stopserve.service.app import _read_and_parse
+
+    run_id_re = re.compile(RUN_ID_PATTERN)
+
+    class FastDecide:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http" and scope["method"] == "POST":
+                path: str = scope["path"]
+                if (
+                    path.startswith("/v1/runs/")
+                    and path.endswith("/decide")
+                    and run_id_re.fullmatch(path[9:-7])
+                ):
+                    await self.serve(path[9:-7], scope, receive, send)
+                    return
+            await self.app(scope, receive, send)
+
+        async def serve(self, run_id: str, scope: Scope, receive: Receive, send: Send) -> None:
+            from fastapi.exceptions import RequestValidationError
+
+            app = scope["app"]
+            try:
+                engine = app.state.engine
+                errors: list[Any] = []
+                raw, body = await _read_and_parse(DecideRequest, scope, receive, engine, errors)
+                if raw is None:
+                    return
+                if errors or body is None:
+                    raise RequestValidationError(errors, body=raw)
+                payload = orjson.dumps(await engine.decide(run_id, body))
+            except Exception as exc:
+                mro = type(exc).__mro__
+                for cls in mro[: mro.index(Exception)]:  # the app's handler, bar the catch-all
+                    if cls in app.exception_handlers:
+                        response = await app.exception_handlers[cls](Request(scope, receive), exc)
+                        await response(scope, receive, send)
+                        return
+                raise
+            headers = [
+                (b"content-length", str(len(payload)).encode()),
+                (b"content-type", b"application/json"),
+            ]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": payload})
+
+    app = stopserve_app()
+    app.user_middleware.append(Middleware(FastDecide))
+    return app
 
 
 def bare_app() -> Any:

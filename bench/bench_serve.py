@@ -9,6 +9,10 @@ not the bottleneck), two bare FastAPI routes with the same path and body, one ta
 parses, so event validation is in both: the baseline the targets use), and stopserve with
 the decision log off, on with fsync 'interval', and on with fsync 'always'. Targets:
 throughput >= 0.8x bare (typed), p99 <= 1.5x bare (typed).
+
+One contender is not shipped: the ASGI fast path the service answered decide calls with
+before issue 16 (``fastpath_app`` in ``_apps.py``), run with fsync 'interval' beside the
+shipped routes so the section says, from the same run, what the plain routes cost.
 """
 
 from __future__ import annotations
@@ -233,6 +237,8 @@ def summarize_collapsed(text: str, top: int = 18) -> str:
 
 BARE = "bare FastAPI, DecideRequest body"  # the baseline of the targets: same body model as stopserve
 BARE_DICT = "bare FastAPI, dict body"
+SHIPPED = "stopserve, log interval"
+CONTENDER = "contender: ASGI fast path, log interval"  # not shipped: bench/_apps.py fastpath_app
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
                 "BENCH_FSYNC": fsync or "interval",
             }
             servers.append(Server(f"stopserve, log {label}", "_apps:stopserve_app", env, log_dir))
+            if label == "interval" and size != "tiny":
+                # the path the service no longer ships, measured beside the one it does (issue 16)
+                fast_log = workdir / "serve-log-fastpath"
+                shutil.rmtree(fast_log, ignore_errors=True)
+                servers.append(
+                    Server(CONTENDER, "_apps:fastpath_app", {**env, "BENCH_LOG_DIR": str(fast_log)}, fast_log)
+                )
         if size != "tiny":
             # as users start it: `stopserve serve`, its own uvicorn settings, same model (not in targets)
             shipped_log = workdir / "serve-log-cli"
@@ -321,10 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         report(sec, up, results, conns, seconds, n_rounds, requests_sent, logged)
         missed = [t for t in sec.targets if t.met is False]
         if missed and size != "tiny":
-            target = next((s for s in up if s.name.startswith("stopserve, log off")), None)
+            target = next((s for s in up if s.name == SHIPPED), None)
             if target is not None and target.proc is not None:
                 prof = pyspy_profile(target.proc.pid, wrk, target.port, min(seconds, 8.0), workdir)
-                sec.add(*details("py-spy profile of stopserve (log off) under wrk -c32", prof))
+                sec.add(*details(f"py-spy profile of {SHIPPED} under wrk -c32", prof))
     finally:
         for s in servers:
             s.stop()
@@ -413,6 +426,27 @@ def report(
             "thread hop alone.",
             "",
         )
+    shipped, contender = results.get(SHIPPED, {}), results.get(CONTENDER, {})
+    if shipped and contender:
+        sec.add(
+            "What the shipped decide path (plain async FastAPI routes) costs against the ASGI fast path "
+            "it replaced (issue 16; `fastpath_app` in `bench/_apps.py`, same engine, same decision log "
+            "with fsync 'interval'), from the rows above:",
+            "",
+        )
+        sec.table(
+            ["connections", "routes req/s", "fast path req/s", "routes / fast path (throughput)",
+             "routes p99 ms", "fast path p99 ms", "routes / fast path (p99)"],
+            [
+                [c, shipped[c]["rps"], contender[c]["rps"], shipped[c]["rps"] / contender[c]["rps"],
+                 shipped[c]["p99_us"] / 1e3, contender[c]["p99_us"] / 1e3,
+                 shipped[c]["p99_us"] / contender[c]["p99_us"]]
+                for c in conns if c in shipped and c in contender
+            ],
+        )  # fmt: skip
+        sec.data["routes_over_fastpath"] = {
+            str(c): shipped[c]["rps"] / contender[c]["rps"] for c in conns if c in shipped and c in contender
+        }
     log_rows = []
     for s in up:
         if s.log_dir is not None:

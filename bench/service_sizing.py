@@ -11,6 +11,7 @@ the decisions and the store's bookkeeping. fsync cost: the mean time of one deci
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import statistics
 import tempfile
@@ -18,16 +19,15 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from stopserve.api import DecideRequest
+from stopserve.api import ApiEvent, DecideRequest
 from stopserve.service.engine import Engine
 from stopserve.service.metrics import Metrics
 from stopserve.settings import Settings
-from stopserve.trace import Event
 
 
-def turn(i: int) -> list[Event]:
+def turn(i: int) -> list[ApiEvent]:
     return [
-        Event(
+        ApiEvent(
             id=f"c{i}",
             t=2.0 * i,
             type="tool_use",
@@ -37,7 +37,7 @@ def turn(i: int) -> list[Event]:
             usd=0.002,
             content_ref=f"{i:016x}",
         ),
-        Event(id=f"r{i}", t=2.0 * i + 1, type="return", agent="bash", content_ref=f"{i * 7:016x}"),
+        ApiEvent(id=f"r{i}", t=2.0 * i + 1, type="return", agent="bash", content_ref=f"{i * 7:016x}"),
     ]
 
 
@@ -48,9 +48,13 @@ def bytes_per_run(n_runs: int, turns: int) -> float:
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    for r in range(n_runs):
-        for req in requests:
-            engine.decide(f"run-{r}", req)
+
+    async def feed() -> None:
+        for r in range(n_runs):
+            for req in requests:
+                await engine.decide(f"run-{r}", req)
+
+    asyncio.run(feed())
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
@@ -62,10 +66,14 @@ def decide_cost(log_dir: Path, fsync: str, n: int) -> float:
     engine.start()
     requests = [DecideRequest(events=turn(i)) for i in range(n)]
     times = []
-    for i, req in enumerate(requests):
-        start = time.perf_counter()
-        engine.decide(f"run-{i // 100}", req)
-        times.append(time.perf_counter() - start)
+
+    async def feed() -> None:  # one event loop, as in the service: each decide waits for its log line
+        for i, req in enumerate(requests):
+            start = time.perf_counter()
+            await engine.decide(f"run-{i // 100}", req)
+            times.append(time.perf_counter() - start)
+
+    asyncio.run(feed())
     engine.close()
     return statistics.mean(times)
 

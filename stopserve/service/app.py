@@ -3,13 +3,17 @@
 Routes only adapt HTTP to :class:`~stopserve.service.engine.Engine`: parse,
 call, serialise. Nothing happens at import time; the model loads in the lifespan.
 
-The decide calls are the hot path. A small ASGI fast path (:class:`_FastDecide`)
-answers them before FastAPI's router: it parses the body straight from bytes with
-pydantic-core, decides inline on the event loop (CPU-bound, cheaper than a hop to
-a worker thread) and answers pre-serialised JSON; only the wait for the decision
-log is awaited. The same routes are declared (and documented) as ``async def`` on
-:class:`LeanRoute`, which serves what the fast path passes on. The other routes
-are plain ``def`` functions in the thread pool.
+The decide calls are the hot path, served by plain ``async def`` FastAPI routes
+that take the :class:`~fastapi.Request` and read the body themselves (``_body``):
+bytes through the count-limited reader, ``Model.model_validate_json`` (no
+``json.loads``, no dict walk), the engine's coroutine deciding inline on the event
+loop (CPU-bound, cheaper than a hop to a worker thread; only the wait for the
+decision log is awaited) and an ``orjson`` :class:`~fastapi.Response`. Errors go
+through the app's exception handlers like any route's; the request models are
+documented with the public ``openapi_extra`` and added to the schema's components
+(``_document_bodies``). Issue 16 measured these routes against the ASGI fast path
+they replaced (``bench/bench_serve.py``, bench/RESULTS.md). The other routes are
+plain ``def`` functions in the thread pool.
 
 Hostile bodies cost little: the body limit holds while the body streams in, and
 above :data:`SMALL_BODY` bytes the events (and batch runs) are counted as they
@@ -28,20 +32,20 @@ import gc
 import hmac
 import logging
 import os
-import re
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import ijson
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
+from fastapi import Depends, FastAPI, Path, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.models import OpenAPI
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, StringConstraints, TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -72,21 +76,21 @@ from stopserve.service.errors import error_response, install_error_handlers
 from stopserve.service.metrics import CONTENT_TYPE, Metrics
 from stopserve.settings import Settings, load_settings
 
-__all__ = ["LeanRoute", "app_from_env", "create_app", "serve_command"]
+__all__ = ["app_from_env", "create_app", "serve_command"]
 
 _log = logging.getLogger("stopserve.service")
 
 #: Bodies up to this size are validated inline on the event loop; larger ones in a worker thread.
 SMALL_BODY: Final = 16 * 1024
 
-RunId = Annotated[
-    str,
-    Path(
-        pattern=RUN_ID_PATTERN,
-        description="The run's id (letters, digits, . _ : @ + -; at most 256, no '/'); it is the trace_id.",
-        examples=["run-42"],
-    ),
+_RUN_ID_DOC: Final = "The run's id (letters, digits, . _ : @ + -; at most 256, no '/'); it is the trace_id."
+RunId = Annotated[str, Path(pattern=RUN_ID_PATTERN, description=_RUN_ID_DOC, examples=["run-42"])]
+#: The same parameter, documented alike, checked by the route (:func:`_body`) rather than by FastAPI,
+#: so that a bad id and a bad body are reported together, as for any FastAPI body route.
+RunIdOfBody = Annotated[
+    str, Path(description=_RUN_ID_DOC, examples=["run-42"], json_schema_extra={"pattern": RUN_ID_PATTERN})
 ]
+_run_id: Final[TypeAdapter[str]] = TypeAdapter(Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN)])
 
 #: Every error a route may answer, from the one table (status -> body and ``type`` strings).
 _ERRORS: Final = openapi_responses()
@@ -137,52 +141,6 @@ class _BodyLimit:
         await self.app(scope, limited, send)
 
 
-class LeanRoute(APIRoute):
-    """A JSON route documented from its endpoint's signature, served without FastAPI's generic path.
-
-    For endpoints ``async def f(request: Request, <path params>, body: <pydantic model>) -> Response``:
-    the path parameters are checked against their declared constraints, the body is
-    validated straight from bytes (``model_validate_json``: no ``json.loads``, no
-    dict walk), and the endpoint's own Response goes out as is (no ``response_model``
-    re-validation; the model still documents the answer). Errors become the same
-    ``RequestValidationError`` (``body.events[0].t``) the other routes raise.
-    """
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        """The lean handler (FastAPI's generic one is never built for this route)."""
-        dependant = self.dependant
-        if len(dependant.body_params) != 1 or dependant.request_param_name is None:
-            raise TypeError(f"{self.path}: a LeanRoute endpoint takes a Request and one body model")
-        body_field = dependant.body_params[0]
-        model = body_field.field_info.annotation
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            raise TypeError(f"{self.path}: the body of a LeanRoute must be a pydantic model")
-        body_name = body_field.name
-        request_name = dependant.request_param_name
-        path_fields = [(f.name, f.alias, f) for f in dependant.path_params]
-        endpoint: Callable[..., Awaitable[Response]] = self.endpoint
-
-        async def handler(request: Request) -> Response:
-            kwargs: dict[str, Any] = {request_name: request}
-            errors: list[Any] = []
-            params = request.path_params
-            for name, alias, field in path_fields:
-                value, errs = field.validate(params.get(alias), {}, loc=("path", alias))
-                if errs:
-                    errors.extend(errs)
-                kwargs[name] = value
-            engine: Engine = request.app.state.engine
-            raw, body = await _read_and_parse(model, request.scope, request.receive, engine, errors)
-            if raw is None:
-                return Response(status_code=400)  # the client went away: nobody reads this
-            if errors:
-                raise RequestValidationError(errors, body=raw)
-            kwargs[body_name] = body
-            return await endpoint(**kwargs)
-
-        return handler
-
-
 _M = TypeVar("_M", bound=BaseModel)
 
 
@@ -198,8 +156,13 @@ def _parse_body(model: type[_M], raw: bytes, scope: MutableMapping[str, Any], er
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        errors.extend({**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False))
+        errors.extend(_located(exc, "body"))
         return None
+
+
+def _located(exc: ValidationError, *where: str) -> list[Any]:
+    """pydantic's errors as FastAPI reports them: each ``loc`` under ``where`` (``body``, ``path.run_id``)."""
+    return [{**err, "loc": (*where, *err["loc"])} for err in exc.errors(include_url=False)]
 
 
 class TooManyInBodyError(RunLimitError):
@@ -315,108 +278,63 @@ async def _read_and_parse(
     return raw, await engine.offload(_parse_body, model, raw, scope, errors)
 
 
-class _FastDecide:
-    """ASGI middleware: the three decide calls go straight to the engine, past routing.
+async def _body(request: Request, model: type[_M], run_id: str | None = None) -> _M | None:
+    """The request's body as ``model``: read under its count limits, validated from bytes.
 
-    A decide call is most of the traffic and costs the service tens of µs; FastAPI's
-    per-request machinery (route matching, request object, exit stacks, parameter
-    solving) costs more than that. This does the same work as the LeanRoute
-    endpoints (same body parsing, same engine call, same answer) and routes every
-    error through the app's own exception handlers, so the wire is identical; a
-    request it does not recognise (say, a run id the route would refuse) goes on to
-    the router, which answers as documented. It sits inside the body limit and CORS.
+    None when the client went away; a body (or ``run_id``, a path parameter) that does
+    not validate raises the same ``RequestValidationError`` (``body.events[0].t``,
+    ``path.run_id``) FastAPI raises for its own body routes, every problem in one.
     """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-    ) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path: str = scope["path"]
-            kind: str | None = None
-            run_id = ""
-            if path.startswith("/v1/runs/") and path.endswith("/decide"):
-                run_id = path[9:-7]
-                if _RUN_ID.fullmatch(run_id):
-                    kind = "run"
-            elif path == "/v1/decide":
-                kind = "stateless"
-            elif path == "/v1/decide:batch":
-                kind = "batch"
-            if kind is not None:
-                await self._serve(kind, run_id, scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    async def _serve(
-        self,
-        kind: str,
-        run_id: str,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-    ) -> None:
-        app = scope["app"]
+    errors: list[Any] = []
+    if run_id is not None:
         try:
-            engine: Engine = app.state.engine
-            errors: list[Any] = []
-            data: Any
-            raw: bytes | None
-            if kind == "run":
-                raw, body = await _read_and_parse(DecideRequest, scope, receive, engine, errors)
-                if body is not None:
-                    data = await engine.decide_async(run_id, body)
-            elif kind == "stateless":
-                raw, stateless = await _read_and_parse(StatelessDecideRequest, scope, receive, engine, errors)
-                if stateless is not None:
-                    data = await engine.decide_stateless_async(stateless)
-            else:
-                raw, batch = await _read_and_parse(BatchDecideRequest, scope, receive, engine, errors)
-                if batch is not None:
-                    data = await engine.decide_batch_async(batch)
-            if raw is None:
-                return  # the client went away: nobody to answer
-            if errors:
-                raise RequestValidationError(errors, body=raw)
-            payload = orjson.dumps(data)
-        except Exception as exc:
-            handler = _handler_for(app, exc)
-            if handler is None:
-                raise  # unexpected: the server-error middleware answers 500 and logs it
-            response = await handler(Request(scope, receive), exc)
-            await response(scope, receive, send)
-            return
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-length", str(len(payload)).encode()),
-                    (b"content-type", b"application/json"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+            _run_id.validate_python(run_id)
+        except ValidationError as exc:
+            errors.extend(_located(exc, "path", "run_id"))
+    raw, body = await _read_and_parse(model, request.scope, request.receive, _engine(request), errors)
+    if errors:
+        raise RequestValidationError(errors, body=raw)
+    return body
 
 
-_RUN_ID = re.compile(RUN_ID_PATTERN)
+def _gone() -> Response:
+    return Response(status_code=400)  # the client went away: nobody reads this
 
 
-def _handler_for(app: Any, exc: Exception) -> Callable[[Request, Exception], Awaitable[Response]] | None:
-    """The app's exception handler for ``exc`` (as Starlette looks it up), bar the catch-all."""
-    handlers: dict[Any, Any] = app.exception_handlers
-    for cls in type(exc).__mro__:
-        if cls is Exception:
-            return None
-        if cls in handlers:
-            handler: Callable[[Request, Exception], Awaitable[Response]] = handlers[cls]
-            return handler
-    return None
+#: Where a request model's schema sits in the OpenAPI document.
+_SCHEMA_REF: Final = "#/components/schemas/{model}"
+
+
+def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    """The ``openapi_extra`` of a route that reads ``model`` from its JSON body itself."""
+    ref = _SCHEMA_REF.format(model=model.__name__)
+    return {"requestBody": {"content": {"application/json": {"schema": {"$ref": ref}}}, "required": True}}
+
+
+def _document_bodies(app: FastAPI, models: Sequence[type[BaseModel]]) -> None:
+    """Add ``models`` (and the models they use) to the app's OpenAPI components.
+
+    FastAPI's documented way to extend the schema: wrap ``app.openapi``, which builds
+    the document once and caches it.
+    """
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                doc = model.model_json_schema(ref_template=_SCHEMA_REF)
+                for name, sub in doc.pop("$defs", {}).items():
+                    components.setdefault(name, sub)
+                components.setdefault(model.__name__, doc)
+            # as FastAPI finishes its own document (numbers as the OpenAPI model types them, no nulls)
+            app.openapi_schema = jsonable_encoder(
+                OpenAPI.model_validate(schema), by_alias=True, exclude_none=True
+            )
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _json_content(scope: MutableMapping[str, Any]) -> bool:
@@ -490,7 +408,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return response
 
     app.add_exception_handler(TooManyInBodyError, too_many)
-    app.add_middleware(_FastDecide)  # first added: innermost, inside CORS and the body limit
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -499,54 +416,64 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
 
-    hot = APIRouter(route_class=LeanRoute)
+    # the decide routes (and outcome) read their bodies themselves (count limits while the body
+    # streams in, validation from bytes): their request models are documented by reference
+    _document_bodies(app, (DecideRequest, StatelessDecideRequest, BatchDecideRequest, OutcomeRequest))
 
-    @hot.post(
+    @app.post(
         "/v1/runs/{run_id:path}/decide",
         response_model=DecideResponse,
         responses=_ERRORS,
         tags=["decide"],
         summary="Continue or stop this run? (the first call creates it)",
+        openapi_extra=_body_doc(DecideRequest),
     )
-    async def decide(request: Request, run_id: RunId, body: DecideRequest) -> Response:
+    async def decide(request: Request, run_id: RunIdOfBody) -> Response:
         """Send the events since the last call; events already seen are ignored (safe retries)."""
-        return _json(await _engine(request).decide_async(run_id, body))
+        body = await _body(request, DecideRequest, run_id)
+        return _json(await _engine(request).decide(run_id, body)) if body is not None else _gone()
 
-    @hot.post(
+    @app.post(
         "/v1/decide",
         response_model=DecideResponse,
         responses=_ERRORS,
         tags=["decide"],
         summary="Stateless: decide on a whole trace prefix",
+        openapi_extra=_body_doc(StatelessDecideRequest),
     )
-    async def decide_stateless(request: Request, body: StatelessDecideRequest) -> Response:
+    async def decide_stateless(request: Request) -> Response:
         """For callers that keep their own state; nothing is stored but the decision log line."""
-        return _json(await _engine(request).decide_stateless_async(body))
+        body = await _body(request, StatelessDecideRequest)
+        return _json(await _engine(request).decide_stateless(body)) if body is not None else _gone()
 
-    @hot.post(
+    @app.post(
         "/v1/decide:batch",
         response_model=BatchDecideResponse,
         responses=_ERRORS,
         tags=["decide"],
         summary="Decide for many runs in one request",
+        openapi_extra=_body_doc(BatchDecideRequest),
     )
-    async def decide_batch(request: Request, body: BatchDecideRequest) -> Response:
+    async def decide_batch(request: Request) -> Response:
         """Answers come in request order; a run's own error is reported in its slot."""
-        return _json(await _engine(request).decide_batch_async(body))
+        body = await _body(request, BatchDecideRequest)
+        return _json(await _engine(request).decide_batch(body)) if body is not None else _gone()
 
-    @hot.post(
+    @app.post(
         "/v1/runs/{run_id:path}/outcome",
         response_model=OutcomeResponse,
         responses=_ERRORS,
         tags=["runs"],
         summary="Post the final rewards: closes the run and logs its trace",
+        openapi_extra=_body_doc(OutcomeRequest),
     )
-    async def outcome(request: Request, run_id: RunId, body: OutcomeRequest) -> Response:
+    async def outcome(request: Request, run_id: RunIdOfBody) -> Response:
         """The complete trace (events, decisions, outcome) goes to ``traces.jsonl``, format v1."""
+        body = await _body(request, OutcomeRequest, run_id)
+        if body is None:
+            return _gone()
         done = await run_in_threadpool(_engine(request).outcome, run_id, body)
         return _json(done.model_dump(mode="json"))
-
-    app.include_router(hot)
 
     # before the run route: its {run_id:path} would take ".../credit" as an id (and refuse it)
     @app.get(

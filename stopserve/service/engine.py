@@ -4,11 +4,12 @@ Routes only parse and serialise; everything here is plain Python (no FastAPI),
 so it is tested and reasoned about without HTTP. The decision itself is
 :meth:`stopserve.policy.Policy.decide` over a :class:`stopserve.features.RunState`.
 
-Concurrency: the decide calls run on the event loop (``decide_async`` and
-friends): fold + predict is CPU-bound for tens of µs, cheaper than a hop to a
-thread. A run's ``alock`` (asyncio) serialises its decide calls across the one
-await, the wait for the decision log; its ``lock`` (threading) guards its state
-against the routes that still run in the thread pool (outcome, delete, info).
+Concurrency: the decide calls are coroutines run on the event loop (``decide``,
+``decide_stateless``, ``decide_batch``; no blocking twins): fold + predict is
+CPU-bound for tens of µs, cheaper than a hop to a thread. A run's ``alock``
+(asyncio) serialises its decide calls across the one await, the wait for the
+decision log; its ``lock`` (threading) guards its state against the routes that
+still run in the thread pool (outcome, delete, info).
 The model is one reference swapped atomically by a reload; a decision reads it once.
 """
 
@@ -35,10 +36,7 @@ from stopserve.api import (
     MAX_INT,
     MAX_NUMBER,
     BatchDecideRequest,
-    BatchDecideResponse,
-    BatchResult,
     DecideRequest,
-    DecideResponse,
     ErrorDetail,
     ErrorIssue,
     ModelInfo,
@@ -243,42 +241,14 @@ class Engine:
 
     # ------------------------------------------------------------------ decisions
 
-    def decide(self, run_id: str, req: DecideRequest) -> DecideResponse:
+    async def decide(self, run_id: str, req: DecideRequest) -> dict[str, Any]:
         """Fold the new events of ``run_id`` (creating it on the first call) and decide.
 
-        The blocking form, for callers in a thread; the service's route uses :meth:`decide_async`.
-        """
-        start = time.perf_counter()
-        self._check_request(req.events)
-        for attempt in range(_ATTEMPTS):
-            run = self._get_or_create(run_id, req)
-            with run.lock:
-                answer, record, decision = self._decide_locked(run, run_id, req)
-                if record is not None and not self.store.save(run, record):
-                    time.sleep(_backoff_s(attempt))
-                    continue  # a shared run changed since it was read: again, from the read
-                line = record if record is not None else _replayed(run)
-                if line is not None:
-                    try:
-                        self._write_decision(line)
-                    except LogUnavailableError:
-                        self._unanswered(run)
-                        raise
-            break
-        else:
-            raise _contended(run_id)
-        self.update_gauges()
-        if decision is not None:
-            self._observe(decision, start)
-        return DecideResponse.model_validate(answer)
-
-    async def decide_async(self, run_id: str, req: DecideRequest) -> dict[str, Any]:
-        """:meth:`decide` on the event loop; the answer as a plain dict (DecideResponse fields).
-
-        Only the wait for the decision log (and a shared store's read and write) is
-        awaited, and the answer comes after it: every answered decision is in the log
-        (durable under ``fsync="always"``). A call folding more than :data:`INLINE_EVENTS`
-        events is folded in a worker thread, so one large request does not hold up the others.
+        The answer is a plain dict (DecideResponse fields). Only the wait for the decision
+        log (and a shared store's read and write) is awaited, and the answer comes after
+        it: every answered decision is in the log (durable under ``fsync="always"``). A call
+        folding more than :data:`INLINE_EVENTS` events is folded in a worker thread, so one
+        large request does not hold up the others.
         """
         start = time.perf_counter()
         self._check_request(req.events)
@@ -376,16 +346,11 @@ class Engine:
         run.last_response = answer  # cleared again if its log line cannot be written
         return answer, record, decision
 
-    def decide_stateless(self, req: StatelessDecideRequest) -> DecideResponse:
-        """Decide on a whole trace prefix; nothing is stored but the log line."""
-        start = time.perf_counter()
-        answer, record, decision = self._stateless(req)
-        self._write_decision(record)
-        self._observe(decision, start)
-        return DecideResponse.model_validate(answer)
+    async def decide_stateless(self, req: StatelessDecideRequest) -> dict[str, Any]:
+        """Decide on a whole trace prefix (a long one in a worker thread); nothing is stored but the log line.
 
-    async def decide_stateless_async(self, req: StatelessDecideRequest) -> dict[str, Any]:
-        """:meth:`decide_stateless` on the event loop (a long prefix in a worker thread); a plain dict."""
+        The answer is a plain dict (DecideResponse fields), given once the log line is written.
+        """
         start = time.perf_counter()
         if len(req.events) > INLINE_EVENTS:
             answer, record, decision = await self.offload(self._stateless, req)
@@ -425,23 +390,8 @@ class Engine:
         }
         return answer, record, decision
 
-    def decide_batch(self, req: BatchDecideRequest) -> BatchDecideResponse:
-        """Decide for many runs; one run's error does not fail the others."""
-        self._check_batch(req)
-        results: list[BatchResult] = []
-        for i, item in enumerate(req.runs):
-            try:
-                # a BatchItem is a DecideRequest plus its run id: no re-validation of its events
-                results.append(BatchResult(run_id=item.run_id, decision=self.decide(item.run_id, item)))
-            except StopServeError as exc:
-                results.append(BatchResult(run_id=item.run_id, error=_slot_error(error_detail(exc), i)))
-            except Exception:  # a bug on one run must not lose the others' answers
-                _log.exception("batch item %d (run %r) failed", i, item.run_id)
-                results.append(BatchResult(run_id=item.run_id, error=_internal_slot_error(i)))
-        return BatchDecideResponse(results=results)
-
-    async def decide_batch_async(self, req: BatchDecideRequest) -> dict[str, Any]:
-        """:meth:`decide_batch` on the event loop, as a plain dict.
+    async def decide_batch(self, req: BatchDecideRequest) -> dict[str, Any]:
+        """Decide for many runs; one run's error does not fail the others (a plain dict, BatchDecideResponse).
 
         The runs are decided concurrently and their log lines share one group commit;
         a run named twice is decided twice, in request order.
@@ -450,7 +400,7 @@ class Engine:
 
         async def one(i: int, item: Any) -> dict[str, Any]:
             try:
-                decision = await self.decide_async(item.run_id, item)
+                decision = await self.decide(item.run_id, item)
                 return {"run_id": item.run_id, "decision": decision, "error": None}
             except StopServeError as exc:
                 detail = _slot_error(error_detail(exc), i)
@@ -522,15 +472,6 @@ class Engine:
             waiter = self.log.submit_decision(record)
             if waiter is not None:
                 await waiter
-            self.log_ok = True
-        except OSError as exc:
-            self._log_failed(exc)
-
-    def _write_decision(self, record: dict[str, Any]) -> None:
-        if self.log is None:
-            return
-        try:
-            self.log.decision(record)
             self.log_ok = True
         except OSError as exc:
             self._log_failed(exc)

@@ -15,7 +15,14 @@ import orjson
 import pytest
 from _service_models import tiny_model
 
-from stopserve.api import BatchDecideRequest, DecideRequest, OutcomeRequest, StatelessDecideRequest
+from stopserve.api import (
+    BatchDecideRequest,
+    BatchDecideResponse,
+    DecideRequest,
+    DecideResponse,
+    OutcomeRequest,
+    StatelessDecideRequest,
+)
 from stopserve.errors import (
     ConfigError,
     ModelNotFoundError,
@@ -58,8 +65,9 @@ def events(start: int, n: int, *, t0: float | None = None) -> list[dict[str, Any
     return out
 
 
-def decide(engine: Engine, run_id: str, evs: list[dict[str, Any]], **body: Any) -> Any:
-    return engine.decide(run_id, DecideRequest.model_validate({"events": evs, **body}))
+def decide(engine: Engine, run_id: str, evs: list[dict[str, Any]], **body: Any) -> DecideResponse:
+    answer = asyncio.run(engine.decide(run_id, DecideRequest.model_validate({"events": evs, **body})))
+    return DecideResponse.model_validate(answer)
 
 
 def logged(engine: Engine, name: str) -> list[dict[str, Any]]:
@@ -152,7 +160,7 @@ def test_a_batch_answers_each_run_in_its_slot(engine: Engine) -> None:
             ]
         }
     )
-    results = engine.decide_batch(batch).results
+    results = BatchDecideResponse.model_validate(asyncio.run(engine.decide_batch(batch))).results
     assert results[0].decision is not None and results[0].decision.turn == 1 and results[0].error is None
     closed = results[1].error
     assert closed is not None and (closed.type, closed.status) == ("run_closed", 409)
@@ -160,22 +168,22 @@ def test_a_batch_answers_each_run_in_its_slot(engine: Engine) -> None:
     bad = results[2].error
     assert bad is not None and bad.type == "config_error"
     assert [i.field for i in bad.issues] == ["runs[2].safety.max_turns"]
-    # the async form answers the same batch sent again the same way (b1's events: already seen)
-    again = asyncio.run(engine.decide_batch_async(batch))["results"]
+    # the same batch sent again: b1's events are already seen, the other two fail the same way
+    again = asyncio.run(engine.decide_batch(batch))["results"]
     assert (again[0]["decision"]["turn"], again[0]["decision"]["events_ignored"]) == (1, 2)
     assert again[1]["error"]["type"] == "run_closed" and again[2]["error"]["type"] == "config_error"
 
 
 def test_stateless_decides_without_keeping_the_run(engine: Engine) -> None:
     req = StatelessDecideRequest.model_validate({"events": events(0, 3), "run_id": "s1"})
-    answer = engine.decide_stateless(req)
-    assert (answer.run_id, answer.turn, answer.action) == ("s1", 3, "stop")
-    assert asyncio.run(engine.decide_stateless_async(req))["turn"] == 3
+    answer = asyncio.run(engine.decide_stateless(req))
+    assert (answer["run_id"], answer["turn"], answer["action"]) == ("s1", 3, "stop")
+    assert asyncio.run(engine.decide_stateless(req))["turn"] == 3  # nothing kept: the same answer again
     with pytest.raises(RunNotFoundError):
         engine.run_info("s1")
     dup = StatelessDecideRequest.model_validate({"events": [*events(0, 1), *events(0, 1)]})
     with pytest.raises(TraceValidationError):
-        engine.decide_stateless(dup)
+        asyncio.run(engine.decide_stateless(dup))
 
 
 def test_a_failed_reload_keeps_the_model_served(tmp_path: Path) -> None:

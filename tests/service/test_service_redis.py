@@ -161,6 +161,10 @@ def test_two_workers_share_runs_through_redis(redis: RedisServer, tmp_path: Path
                 assert r.status_code == 200, r.text
                 turns.append(r.json()["turn"])
             assert turns == list(range(1, 13))
+        # the service answers once one worker is up: the other may still be starting
+        deadline = time.monotonic() + 60
+        while server.read_output().count("Started server process") < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert server.read_output().count("Started server process") == 2, server.read_output()
     assert len(lines(tmp_path / "decisions.jsonl")) == 12  # one log file, shared by the workers
 

@@ -159,11 +159,11 @@ def stamp(doc: dict[str, Any], started: dt.datetime, load_start: float) -> dict[
     return doc
 
 
-def from_json(path: Path) -> dict[str, Any]:
+def from_json(path: Path, measured: str | None) -> dict[str, Any]:
     """A section a benchmark script wrote with ``--out`` (run by its own command)."""
     doc: dict[str, Any] = json.loads(path.read_text())
     when = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    doc.setdefault("measured", f"run by its own command, finished {when}, code git {git_head()}")
+    doc["measured"] = measured or f"by its own command, finished {when}"
     return doc
 
 
@@ -273,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="with --update: sections a benchmark script wrote with --out",
     )
+    p.add_argument(
+        "--measured",
+        metavar="TEXT",
+        help="with --from-json: when, on which code and under what load those sections were measured",
+    )
     p.add_argument("--output", type=Path, default=BENCH / "RESULTS.md")
     p.add_argument("--workdir", type=Path, help="scratch folder (default: a temporary one, removed after)")
     args = p.parse_args(argv)
@@ -321,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     shown = [str(Path(__file__)), *(argv or sys.argv[1:])]
-    docs += [from_json(path) for path in args.from_json]
+    docs += [from_json(path, args.measured) for path in args.from_json]
     if args.update:
         docs = merge(json.loads(STATE.read_text()), docs)
         complete = True

@@ -17,6 +17,8 @@ not retrained, on every held-out side at s = 0.3 (issue 11): never below behavio
 and at least 20% of the behavior -> oracle gap closed on average over the sets.
 Pareto charts (success against cost; the learned policy's cost-share sweep against
 each heuristic's parameter sweep) go to ``bench/pareto-<set>.png``.
+``--reuse A.json B.json`` takes the cells those runs measured as they are (a full run is
+about an hour on 2 cores; sets can be run apart with ``--sets`` and put together after).
 """
 
 from __future__ import annotations
@@ -121,7 +123,18 @@ def main() -> int:
     ap = parser(__doc__ or "")
     ap.add_argument("--shares", default=",".join(str(s) for s in SHARES))
     ap.add_argument("--sets", default="", help="comma list of set labels (default: all)")
+    ap.add_argument(
+        "--reuse",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="JSON",
+        help="cells already measured (this script's --out files): taken as they are, not re-run",
+    )
     args = ap.parse_args()
+    done: dict[str, Any] = {}
+    for path in args.reuse:
+        done.update(json.loads(path.read_text())["data"]["reports"])
     section = Section("Decision quality on real runs and the simulator (issues 11, 12)", sys.argv)
     shares = [float(x) for x in args.shares.split(",") if x]
     if args.size == "tiny":
@@ -144,7 +157,8 @@ def main() -> int:
     for label, (train, test, group) in sets.items():
         for share in shares:
             plot = BENCH / f"pareto-{label}.png" if share == 0.3 and args.size == "full" else None
-            rep = _cell(train, test, group, share, work, plot)
+            key = f"{label}@{share:g}"
+            rep = done[key] if key in done else _cell(train, test, group, share, work, plot)
             reports[f"{label}@{share:g}"] = rep
             row, never_worse, room_met = _row(label, share, rep)
             rows.append(row)
@@ -194,7 +208,7 @@ def main() -> int:
                 continue
             cmd = ["evaluate", "--model", str(default), str(test), "--tune-on", str(train)]
             cmd += ["--cost-share", "0.3", "--group-by", group, "--json"]
-            rep = json.loads(run(stopserve_cmd(*cmd), timeout=7200).stdout)
+            rep = done.get(f"default@{label}") or json.loads(run(stopserve_cmd(*cmd), timeout=7200).stdout)
             pol = rep["policies"]
             d, b, o = pol["learned"], pol["behavior"], pol["oracle"]
             gap = d["gap_closed"]

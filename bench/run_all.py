@@ -56,7 +56,10 @@ def git_head() -> str:
         return proc.stdout.strip()
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no", "stopserve", "training", "bench")
+    dirty = git(
+        "status", "--porcelain", "--untracked-files=no", "stopserve", "training", "bench",
+        ":!bench/RESULTS.md", ":!bench/results.json", ":!bench/*.png",
+    )  # fmt: skip
     return f"{head}{' (plus uncommitted changes)' if dirty else ''}"
 
 

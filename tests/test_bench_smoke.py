@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SHARED_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
+SHARED_DATA = ROOT.parent / "shared" / "data"  # as tests/conftest.py has it
 OWN_SCRIPTS = [
     "bench_featurize.py",
     "bench_decide.py",

@@ -50,7 +50,6 @@ from types import TracebackType
 from typing import Any, Final
 
 import numpy as np
-import numpy.typing as npt
 
 from stopserve.errors import StopServeError, TrainingError
 from stopserve.features import FEATURE_NAMES
@@ -61,6 +60,8 @@ from stopserve.training.fit import EARLY_STOPPING, TraceSource
 from stopserve.training.labels import (
     DecisionPart,
     DecisionPoints,
+    FloatArray,
+    IntArray,
     assemble_decision_points,
     choose_cost_unit,
     decision_part,
@@ -77,9 +78,6 @@ __all__ = [
     "features_dask_command",
     "write_parquet",
 ]
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 #: Seconds to wait for the scheduler before giving up.
 CONNECT_TIMEOUT: Final = 10.0

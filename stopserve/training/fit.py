@@ -66,7 +66,7 @@ from stopserve.training.heuristics import (
     replay,
     tune_heuristics,
 )
-from stopserve.training.labels import DecisionPoints, build_decision_points
+from stopserve.training.labels import DecisionPoints, FloatArray, IntArray, build_decision_points
 from stopserve.training.replay import REPLAY_ENGINE, replay_decide, replay_rows
 from stopserve.training.tuning import Tuned, learned_mask, tune_policy
 
@@ -82,8 +82,6 @@ __all__ = [
     "train_command",
 ]
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 #: "A whole behavior run costs 30% of what a success is worth": the evaluation protocol's headline.

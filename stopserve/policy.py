@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal
 
@@ -385,10 +385,18 @@ class Policy:
 
     def raw_batch(self, X: FloatArray) -> dict[str, FloatArray]:  # noqa: N803
         """Raw scores of the boosters the method reads, for many feature rows."""
-        if self._forest is None:
-            raise ModelIntegrityError(f"raw_batch needs a learned model; this policy is {self.kind!r}")
-        out = self._forest.raw_batch(X)
+        out = self.raw_rows(X)
         return {name: out[:, i] for name, i in self._index.items()}
+
+    def raw_rows(self, X: FloatArray) -> FloatArray:  # noqa: N803
+        """Raw scores, shape (rows, boosters), in the order :meth:`decide`'s ``raw`` takes them.
+
+        One batch predict for many rows: the trainer's replays pass row ``r`` of it to
+        ``decide(raw=...)`` at the decision point whose features are ``X[r]``.
+        """
+        if self._forest is None:
+            raise ModelIntegrityError(f"raw_rows needs a learned model; this policy is {self.kind!r}")
+        return self._forest.raw_batch(X)
 
     # ----------------------------------------------------------------- decide
 
@@ -402,13 +410,16 @@ class Policy:
         proposed_stop: bool = False,
         epsilon: float = 0.0,
         rng: random.Random | None = None,
+        raw: Sequence[float] | FloatArray | None = None,
     ) -> StopDecision:
         """Continue or stop after the events folded into ``state`` (see the module docstring).
 
         ``lam`` (per cost unit) or ``cost_share`` sets what cost is worth (default: the
         model's); ``safety`` replaces the policy's nets for this call. With probability
         ``epsilon`` a model stop becomes a continue; ``propensity`` is the chosen action's
-        probability. Safety-net and rule stops are never explored away.
+        probability. Safety-net and rule stops are never explored away. ``raw``: the
+        boosters' raw scores of ``state.features()`` when the caller has them already (a
+        row of :meth:`raw_rows`; the trainer's replays), else they are computed here.
         """
         nets = self.safety if safety is None else safety
         turn = state.turn
@@ -435,7 +446,8 @@ class Policy:
         degraded = False
         if self._forest is not None:
             try:
-                raw = self._forest.raw_one(state.features())
+                if raw is None:
+                    raw = self._forest.raw_one(state.features())
                 named = {n: float(raw[i]) for n, i in self._index.items()}
                 lam_, share_ = self.resolve(lam, cost_share)
                 v_, ctg_, s_ = self.values(

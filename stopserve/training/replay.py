@@ -20,9 +20,10 @@ import numpy as np
 
 from stopserve.errors import TrainingError
 from stopserve.features import RunState
+from stopserve.policy import Policy
 from stopserve.trace import Trace
 from stopserve.training.heuristics import Replay
-from stopserve.training.labels import DecisionPoints, IntArray, fold_events
+from stopserve.training.labels import DecisionPoints, FloatArray, IntArray, fold_events
 
 __all__ = ["REPLAY_ENGINE", "replay_decide", "replay_rows", "replay_stops"]
 
@@ -32,6 +33,8 @@ __all__ = ["REPLAY_ENGINE", "replay_decide", "replay_rows", "replay_stops"]
 #: (32 s for the folds of a 51,755-point training) against the fraction of that it saves. The
 #: scores are the same to the last bit (tests/test_inference.py); the service compiles.
 REPLAY_ENGINE: Final = "lightgbm"
+#: Rows per batch predict in a replay (a copy of this many feature rows at a time).
+BATCH_ROWS: Final = 1 << 16
 
 
 def replay_decide(
@@ -46,10 +49,52 @@ def replay_decide(
     """The row of each policy's first stop in each trace, shape (policies, traces); -1: none.
 
     ``policies_for(i)`` gives the policies replayed on trace ``i`` (the same number for
-    every trace: e.g. the fold's learned policy and the fold's tuned heuristics). ``dp``
-    must hold the decision points of the same traces in the same order.
+    every trace: e.g. the fold's learned policy and the fold's tuned heuristics), the same
+    objects on every call. ``dp`` must hold the decision points of the same traces in the
+    same order; the learned policies' boosters are batch-predicted on ``dp.X``.
     """
-    return replay_stops(traces, dp.offsets, policies_for, lam=lam, cost_share=cost_share, progress=progress)
+    return replay_stops(
+        traces, dp.offsets, policies_for, lam=lam, cost_share=cost_share, progress=progress, X=dp.X
+    )
+
+
+def _batch_scores(
+    X: FloatArray,  # noqa: N803
+    offsets: IntArray,
+    policies_for: Callable[[int], Sequence[Any]],
+) -> dict[int, tuple[Any, FloatArray]]:
+    """Each learned policy's raw scores for the rows of the traces it is replayed on.
+
+    Keyed by ``id`` of the replayed object (a :class:`~stopserve.policy.Policy`, or a
+    wrapper that keeps one in ``.policy``), which is kept alive beside its scores; rows
+    of other traces are NaN. One batch predict per policy instead of a single-row
+    predict per decision point: the same trees summed the same way, so the same scores
+    (tests/training/test_replay.py).
+    """
+    n_traces = int(offsets.shape[0] - 1)
+    replayed: dict[int, tuple[Any, Policy, list[int]]] = {}
+    for i in range(n_traces):
+        for p in policies_for(i):
+            policy = getattr(p, "policy", p)
+            if isinstance(policy, Policy) and policy.inference is not None:
+                replayed.setdefault(id(p), (p, policy, []))[2].append(i)
+    counts = np.diff(offsets)
+    out: dict[int, tuple[Any, FloatArray]] = {}
+    done: dict[tuple[int, bytes], FloatArray] = {}
+    for key, (p, policy, traces) in replayed.items():
+        mask = np.zeros(n_traces, dtype=bool)
+        mask[traces] = True
+        # wrappers of one policy on the same traces (a λ sweep) share one prediction
+        memo = (id(policy), np.packbits(mask).tobytes())
+        if memo not in done:
+            rows = np.flatnonzero(np.repeat(mask, counts))
+            table = np.full((X.shape[0], policy.raw_rows(X[:0]).shape[1]), np.nan)
+            for at in range(0, rows.shape[0], BATCH_ROWS):  # bounded copies of X
+                chunk = rows[at : at + BATCH_ROWS]
+                table[chunk] = policy.raw_rows(X[chunk])
+            done[memo] = table
+        out[key] = (p, done[memo])
+    return out
 
 
 def replay_stops(
@@ -60,13 +105,19 @@ def replay_stops(
     lam: float | None = None,
     cost_share: float | None = None,
     progress: bool = False,
+    X: FloatArray | None = None,  # noqa: N803
 ) -> IntArray:
     """:func:`replay_decide` given only the traces' row ``offsets`` (``DecisionPoints.offsets``).
 
     A part of the traces replays on its own: with its own offsets (from 0) it gives its
     traces' stop rows counted from its first row (``stopserve.training.distributed``).
+    With ``X``, the decision points' feature rows (``DecisionPoints.X``), the learned
+    policies' boosters are batch-predicted once and ``decide`` gets each row's scores;
+    a row whose live features differ from ``X`` bit for bit is scored by ``decide``
+    itself, so the answers are those of the service either way.
     """
     n_traces = int(offsets.shape[0] - 1)
+    scores = {} if X is None else _batch_scores(X, offsets, policies_for)
     out: IntArray | None = None
     iterator: Iterable[Trace] = traces
     if progress:
@@ -88,9 +139,19 @@ def replay_stops(
                 continue
             if running:
                 proposed = ev.type == "stop" and bool(ev.proposed)
+                same: bool | None = None  # the live features are X[row], bit for bit
                 still = []
                 for j in running:
-                    d = policies[j].decide(state, lam=lam, cost_share=cost_share, proposed_stop=proposed)
+                    scored = scores.get(id(policies[j]))
+                    if scored is not None and same is None:
+                        same = state.features().tobytes() == X[row].tobytes()  # type: ignore[index]
+                    d = policies[j].decide(
+                        state,
+                        lam=lam,
+                        cost_share=cost_share,
+                        proposed_stop=proposed,
+                        raw=scored[1][row] if scored is not None and same else None,
+                    )
                     if d.action == "stop":
                         out[j, i] = row
                     else:

@@ -20,8 +20,10 @@ model directory.
   found from its validation curve on the client (:func:`best_iteration`).
 - **Replays.** The truncation replay through ``Policy.decide`` is mapped over the
   partitions (:func:`stopserve.training.replay.replay_stops`): each task re-reads its
-  file and replays the policies its traces need. Policies travel as their manifest and
-  LightGBM model text, and are rebuilt on the worker.
+  file and replays the policies its traces need, batch-predicting the learned boosters
+  on the partition's feature rows, which stay on the workers from featurizing to the
+  last replay. Policies travel as their manifest and LightGBM model text, and are
+  rebuilt on the worker.
 - **Failures.** A task's error names its partition (file) and the trace; a worker lost
   while LightGBM trains ends the fit with a :class:`~stopserve.errors.TrainingError`
   (LightGBM's distributed training cannot go on without it); an unreachable scheduler
@@ -210,6 +212,7 @@ def _replay_part(
     policies: bytes,
     lam: float | None,
     cost_share: float | None,
+    matrix: FloatArray | None,
 ) -> IntArray:
     objs = pickle.loads(policies)  # built by this client's _dump_policies (see _PolicyPickler)
     try:
@@ -219,6 +222,7 @@ def _replay_part(
             lambda i: [objs[k] for k in table[i]],
             lam=lam,
             cost_share=cost_share,
+            X=matrix,
         )
     except (StopServeError, OSError) as exc:
         raise _explained(exc, label) from None
@@ -464,7 +468,6 @@ class DaskBackend:
             self.client.submit(_masked, m, unused, key=f"masked-{i}-{_token()}")
             for i, m in enumerate(self._matrices)
         ]
-        self._matrices = []
         return DaskTrainer(
             self, matrix=matrix, weight=weight, params=params, parts=masked, bounds=self._bounds
         )
@@ -480,7 +483,6 @@ class DaskBackend:
         progress: bool = False,
     ) -> IntArray:
         """The replay through ``decide`` mapped over the partitions; stop rows as :func:`replay_decide`."""
-        self._matrices = []  # a trainer took them already, or none will (evaluate): free the workers
         parts = self._partitions(source)
         counts = [p.n_traces if p.path is None else self._counts.get(p.label) for p in parts]
         if any(c is None for c in counts) or sum(c or 0 for c in counts) != dp.n_traces:
@@ -503,6 +505,9 @@ class DaskBackend:
         table = np.asarray(rows, dtype=np.int64)
         blob = self.client.scatter(_dump_policies(objs), broadcast=True, hash=False)
         starts = np.concatenate([[0], np.cumsum([c or 0 for c in counts])]).astype(np.int64)
+        # each partition's feature rows, where the last decision_points left them: the replay
+        # batch-predicts the learned boosters on them (replay_stops)
+        matrices = self._matrices if len(self._matrices) == len(parts) else [None] * len(parts)
         futures = []
         for i, p in enumerate(parts):
             t0, t1 = int(starts[i]), int(starts[i + 1])
@@ -518,6 +523,7 @@ class DaskBackend:
                     policies=blob,
                     lam=lam,
                     cost_share=cost_share,
+                    matrix=matrices[i],
                     key=f"replay-{i}-{_token()}",
                 )
             )

@@ -200,6 +200,53 @@ def test_evaluate_mapped_over_partitions_gives_the_same_report(
     assert mapped == local
 
 
+def _count_single_rows() -> None:
+    from stopserve.inference import Forest
+
+    original = Forest.__dict__.get("_uncounted_raw_one", Forest.raw_one)
+
+    def counted(forest: Forest, x: object) -> object:
+        Forest._single_rows += 1  # type: ignore[attr-defined]
+        return original(forest, x)
+
+    Forest._uncounted_raw_one = original  # type: ignore[attr-defined]
+    Forest._single_rows = 0  # type: ignore[attr-defined]
+    Forest.raw_one = counted  # type: ignore[method-assign,assignment]
+
+
+def _single_rows() -> int:
+    from stopserve.inference import Forest
+
+    count: int = Forest._single_rows  # type: ignore[attr-defined]
+    Forest.raw_one = Forest._uncounted_raw_one  # type: ignore[attr-defined,method-assign]
+    return count
+
+
+def test_replays_on_the_workers_batch_predict_and_stop_where_decide_alone_does(
+    sim_files: list[Path], backend: DaskBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stopserve.inference import Forest
+    from stopserve.training.replay import replay_stops
+
+    policy = Policy.load(ROOT / "models" / "default", engine="lightgbm")
+    source = TraceSource([str(f) for f in sim_files])
+    options = {"labels_from_rewards": False, "group_by": "task", "progress": False, "nets": None}
+    dp = backend.decision_points(source, cost_unit="ktokens", normalize_cost=False, **options)  # type: ignore[arg-type]
+    backend.client.run(_count_single_rows)
+    try:
+        mapped = backend.replay(source, dp, lambda i: [policy], cost_share=0.3)
+    finally:
+        counts = backend.client.run(_single_rows)
+    here = []
+    original = Forest.raw_one
+    monkeypatch.setattr(Forest, "raw_one", lambda f, x: here.append(1) or original(f, x))
+    # no X: decide scores every row itself
+    alone = replay_stops(iter(source), dp.offsets, lambda i: [policy], cost_share=0.3)
+    np.testing.assert_array_equal(mapped, alone)
+    assert (alone >= 0).any() and len(here) > 0
+    assert sum(counts.values()) == 0, counts  # on the workers every row's scores came from a batch
+
+
 def test_traces_in_memory_are_partitioned_too(backend: DaskBackend, sim_files: list[Path]) -> None:
     traces = list(read_traces(sim_files[0]))
     source = TraceSource(traces)

@@ -197,7 +197,8 @@ class Event(_Model):
             data["survey_decision"] = data.pop("decision")
         if kind == "orchestrator_decision" and decision == "stop":
             data["type"] = "stop"
-            data.setdefault("reason", "unknown")
+            if data.get("reason") is None:  # the survey schema allows an explicit null reason
+                data["reason"] = "unknown"
         else:
             data["type"] = SURVEY_TYPE_MAP[kind]
         if kind == "human_intervention":

@@ -160,3 +160,20 @@ def test_unconvertible_trace_names_file_line_and_field(tmp_path: Path) -> None:
     assert str(skipped[1].issues[0]).startswith(f"{path}:4: not valid JSON")
     with pytest.raises(ImporterError):
         list(read([path]))
+
+
+def test_a_stop_decision_with_a_null_reason_imports() -> None:
+    # the survey schema allows "reason": null on an orchestrator decision (hypothesis found it)
+    data = {
+        "trace_id": "n",
+        "task_id": "t",
+        "events": [
+            {"id": "a", "t": 0, "type": "tool_call", "agent": "x"},
+            {"id": "b", "t": 1, "type": "orchestrator_decision", "agent": "o", "decision": "stop", "reason": None},
+        ],
+        "edges": [],
+        "rewards": {"team": 0.0},
+        "costs": {"tokens": 0, "wall_clock_s": 0.0},
+    }
+    trace = convert(data)
+    assert trace.events[1].type == "stop" and trace.events[1].reason == "unknown"

@@ -594,7 +594,9 @@ class RunState:
             if ref is not None:
                 self._consensus_update(agent, ref)
         elif kind == "reward":
+            # a decision point, but not an agent step: a reward never counts as a turn
             self._reward(event)
+            return True
         elif kind == "stop":
             if not event.proposed:
                 return True
@@ -612,7 +614,7 @@ class RunState:
             # an answer repeating the previous one is a stuck round: no evidence on the ceiling
             self._agg_repeat = ref is not None and ref == self._agg_ref
             self._agg_ref = ref
-        # a decision point follows this event (stopserve.trace.is_decision_point)
+        # an agent step ends with this event (a decision point follows it: stopserve.trace.is_decision_point)
         if new_result:
             self._last_new_result_turn = self._turn + 1
         self._turn += 1
@@ -724,7 +726,7 @@ class RunState:
         self._improving_run = self._improving_run + 1 if prev is not None and value > prev else 0
         if self._best is None or value > self._best:
             self._best = value
-            self._best_turn = self._turn + 1
+            self._best_turn = self._turn
             self._best_tokens = self._tokens
             self._at_best = 0
         elif value == self._best and self._prev_reward == value and not self._agg_repeat:
@@ -841,7 +843,11 @@ class RunState:
 
     @property
     def turn(self) -> int:
-        """Decision points folded so far."""
+        """Agent steps folded so far: ``return``, ``aggregate`` and proposed ``stop`` events.
+
+        A step is a tool call with its result, an agent's reply handed back, a combined
+        answer or a proposed stop; a ``reward`` (a decision point, but bookkeeping) is not one.
+        """
         return self._turn
 
     @property
@@ -1002,7 +1008,7 @@ _LOOP_RUN: Final[dict[str, Callable[[RunState], int]]] = {
 
 #: The header of :meth:`RunState.to_bytes`; a change of what a slot means bumps the version.
 STATE_FORMAT: Final = "stopserve.runstate"
-STATE_VERSION: Final = 1
+STATE_VERSION: Final = 2  # 2: a reward no longer counts as a turn
 _STATE_SLOTS: Final[tuple[str, ...]] = RunState.__slots__
 
 

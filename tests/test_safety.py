@@ -72,10 +72,13 @@ def test_run_budget_is_enforced_too() -> None:
 def test_quality_met_waits_for_min_turns() -> None:
     cfg = SafetyConfig(quality_met=0.8, min_turns=3)
     s = RunState()
-    s.fold(ev(0, "reward", value=0.95))
+    s.fold(ev(0, "return"))
+    s.fold(ev(1, "reward", value=0.95))
     assert cfg.check(s) is None and not cfg.allows_stop(s)
-    s.fold(ev(1, "reward", value=0.5))
-    s.fold(ev(2, "reward", value=0.85))
+    s.fold(ev(2, "return"))
+    s.fold(ev(3, "reward", value=0.5))
+    s.fold(ev(4, "return"))
+    s.fold(ev(5, "reward", value=0.85))
     assert cfg.allows_stop(s)
     stop = cfg.check(s)
     assert stop is not None and stop.reason == "quality_met" and stop.limit is None

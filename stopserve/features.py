@@ -284,6 +284,7 @@ class RunState:
         "_pending",
         "_pending_action",
         "_prev_reward",
+        "_quiet",
         "_primary_channel",
         "_proposal_open",
         "_proposals",
@@ -301,6 +302,8 @@ class RunState:
         "_seen_window",
         "_sig_pos",
         "_sigs",
+        "_step_new",
+        "_step_refs",
         "_tokens",
         "_tokens_at_turn",
         "_tokens_last_turn",
@@ -403,6 +406,11 @@ class RunState:
         self._rejected = 0
         # the turn of the latest result (return or aggregate) whose content had not been seen
         self._last_new_result_turn: int | None = None
+        # stall evidence (stopserve.evidence): did the step in progress carry content, new content;
+        # agent steps in a row whose content was all seen before (a step with no content resets it)
+        self._step_refs = False
+        self._step_new = False
+        self._quiet = 0
 
     # ------------------------------------------------------------------ folding
 
@@ -506,6 +514,9 @@ class RunState:
             seen_before = counts.pop(ref, 0)
             counts[ref] = seen_before + 1
             new_result = not seen_before and kind in {"return", "aggregate"}
+            self._step_refs = True
+            if not seen_before:
+                self._step_new = True
             if len(counts) > self._ref_window << 1:
                 self._ref_counts = dict(list(counts.items())[-self._ref_window :])
             self._last_ref = ref
@@ -617,6 +628,8 @@ class RunState:
         # an agent step ends with this event (a decision point follows it: stopserve.trace.is_decision_point)
         if new_result:
             self._last_new_result_turn = self._turn + 1
+        self._quiet = self._quiet + 1 if self._step_refs and not self._step_new else 0
+        self._step_refs = self._step_new = False
         self._turn += 1
         tokens = self._tokens
         self._tokens_last_turn = tokens - self._tokens_at_turn
@@ -874,6 +887,19 @@ class RunState:
     def best_reward(self) -> float | None:
         """Best reward so far on the primary channel, or ``None``."""
         return self._best
+
+    @property
+    def steps_since_new_content(self) -> int:
+        """Agent steps in a row whose content (commands, outputs, messages) had all been seen before.
+
+        A step that carried no content ref resets it: unknown content is no evidence of a stall.
+        """
+        return self._quiet
+
+    @property
+    def steps_since_best_reward(self) -> int | None:
+        """Agent steps since the primary channel's best reward (``None`` before any reward)."""
+        return None if self._best is None else self._turn - self._best_turn
 
     def latest_reward_on(self, channel: str | None = None) -> float | None:
         """Latest reward on ``channel`` (``None``: the primary channel)."""

@@ -15,7 +15,7 @@
 3. **The model** stops a run no rule stops where the value of continuing is below minus
    the ``stop`` margin (and the run is past the model's ``min_turns``; for a model whose
    manifest says ``"stop_on": "evidence"``, only where the run itself shows a stall:
-   :func:`stall`).
+   :func:`stopserve.evidence.stall`).
 
 With both margins infinite the policy IS its rules: the policy class contains every
 heuristic the trainer tunes, so a learned policy can always fall back to the rule it
@@ -57,6 +57,7 @@ import numpy.typing as npt
 
 from stopserve.artifacts import ModelArtifact, load_model_dir
 from stopserve.errors import ConfigError, ModelIntegrityError
+from stopserve.evidence import Evidence, stall
 from stopserve.features import FEATURE_NAMES, RunState
 from stopserve.inference import Forest
 from stopserve.safety import BUDGET_NETS, DEFAULT_SAFETY, SafetyConfig, SafetyStop
@@ -232,6 +233,10 @@ class Policy:
         self.overrules: frozenset[str] = _overrules(manifest)
         self.accepts_proposals: bool = _proposals(manifest)
         self.stop_on_evidence: bool = _stop_on(manifest) == "evidence"
+        try:
+            self.evidence = Evidence.from_dict(manifest.get("evidence"))
+        except ValueError as exc:
+            raise ModelIntegrityError(f"manifest.json: {exc}") from None
         self._forest: Forest | None = None
         self._index: dict[str, int] = {}
         self.boosters: dict[str, Any] = {}
@@ -509,37 +514,41 @@ class Policy:
                 message=message if message is not None else (None if by is None else by.message),
             )
 
-        def overruled(kind: str) -> bool:
-            # a learned model goes on through a rule it may overrule where going on clears its margin
-            return v is not None and kind in self.overrules and v > self.margin_continue
-
-        def kept_going(what: str) -> StopDecision:
-            return answer(
-                "continue",
-                None,
-                message=f"{what} overruled: the value of going on {v:.3g} > the continue margin "
-                f"{self.margin_continue:.3g}",
-            )
-
-        fired = cfg.check_rules(state)
-        if fired is not None:
-            kind = "loop" if fired.reason == "loop_detected" else "quality_met"
-            if overruled(kind):
-                return kept_going(fired.name)
-            return answer("stop", fired.reason, by=fired, net=True)
-        if not cfg.allows_stop(state):
+        # the rules that fire now, in order: the config's (loop detector, then quality_met), the
+        # base rule, a proposed stop; each with the kind a manifest's ``overrules`` names
+        fired: list[tuple[str, SafetyStop | None, str]] = []
+        by_config = cfg.check_rules(state)
+        if by_config is not None:
+            kind = "loop" if by_config.reason == "loop_detected" else "quality_met"
+            fired.append((kind, by_config, by_config.name))
+        allowed = cfg.allows_stop(state)
+        if allowed:
+            base = self.rule.check(state) if self.rule is not None else None
+            if base is not None:
+                fired.append(("rule", base, f"the base rule ({self.rule_name or base.name})"))
+            if proposed_stop and self.accepts_proposals:
+                fired.append(("proposed", None, "the proposed stop"))
+        if fired:
+            # a learned model goes on only where every rule that fired is one it may overrule
+            # and going on clears its continue margin
+            hard = [f for f in fired if f[0] not in self.overrules]
+            if not hard and v is not None and v > self.margin_continue:
+                names = ", ".join(f[2] for f in fired)
+                return answer(
+                    "continue",
+                    None,
+                    message=f"{names} overruled: the value of going on {v:.3g} > the continue margin "
+                    f"{self.margin_continue:.3g}",
+                )
+            kind, stop, _ = (hard or fired)[0]
+            if kind == "proposed":
+                return answer("stop", PROPOSED_STOP_REASON, message="the orchestrator proposed to stop")
+            assert stop is not None
+            return answer("stop", stop.reason, by=stop, net=kind != "rule")
+        if not allowed:
             return answer("continue", None)
-        base = self.rule.check(state) if self.rule is not None else None
-        if base is not None:
-            if overruled("rule"):
-                return kept_going(f"the base rule ({self.rule_name or base.name})")
-            return answer("stop", base.reason, by=base)
-        if proposed_stop and self.accepts_proposals:
-            if overruled("proposed"):
-                return kept_going("the proposed stop")
-            return answer("stop", PROPOSED_STOP_REASON, message="the orchestrator proposed to stop")
         if v is not None and turn >= self.min_turns and v < -self.margin_stop:
-            evidence = stall(state, cfg) if self.stop_on_evidence else "—"
+            evidence = stall(state, self.evidence) if self.stop_on_evidence else "—"
             if evidence is None:
                 return answer("continue", None)
             why = f"the value of going on {v:.3g} < minus the stop margin {self.margin_stop:.3g}"
@@ -552,15 +561,6 @@ class Policy:
                 return answer("stop", MODEL_STOP_REASON, propensity=1.0 - epsilon, message=why)
             return answer("stop", MODEL_STOP_REASON, message=why)
         return answer("continue", None)
-
-
-def stall(state: RunState, cfg: SafetyConfig) -> str | None:
-    """What shows that the run stalls, in words, or ``None``: the evidence a model stop needs.
-
-    Placeholder until the evidence rule lands: a loop pattern in progress.
-    """
-    pattern = cfg.loop.closest(state)
-    return None if pattern is None else f"{pattern} x{state.loop_run(pattern)}"
 
 
 def _margin(value: float | None) -> float:
@@ -614,7 +614,7 @@ def _nets_from(manifest: Mapping[str, Any], source: str) -> SafetyConfig:
         for key in BUDGET_NETS
         if getattr(own, key) is not None or getattr(DEFAULT_SAFETY, key) is not None
     }
-    return own.model_copy(update=caps)
+    return own.replace(**caps)
 
 
 def _rule_from(data: Any, source: str) -> SafetyConfig | None:

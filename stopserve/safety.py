@@ -169,6 +169,11 @@ class LoopConfig(BaseModel):
             return ()
         return tuple((p, int(getattr(self, p))) for p in LOOP_PATTERNS if getattr(self, p))
 
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """The patterns switched on, in :data:`~stopserve.features.LOOP_PATTERNS` order."""
+        return tuple(p for p, _ in self._active)
+
     def closest(self, state: RunState) -> str | None:
         """The loop pattern nearest its threshold among those seen at least twice in a row, or ``None``.
 
@@ -453,6 +458,14 @@ class SafetyConfig(BaseModel):
         if extra is None or extra == self:
             return self
         return self | extra
+
+    def replace(self, **changes: Any) -> SafetyConfig:
+        """A copy with ``changes`` (field values or their JSON data), validated anew.
+
+        Not ``model_copy``: that would carry over the cached views (``_caps``, ``_active``)
+        of the original, so a copy with the loop detector switched off would still fire it.
+        """
+        return type(self).model_validate({**self.model_dump(), **changes})
 
     def dumps(self) -> str:
         """The config as JSON text."""

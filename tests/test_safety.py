@@ -420,3 +420,15 @@ def test_closest_names_the_pattern_in_progress_without_firing() -> None:
     assert SafetyConfig().check(s) is None  # 2 of 4: no stop yet
     assert LoopConfig().closest(s) == "repeated_action_observation"
     assert LoopConfig(repeated_action_observation=0).closest(s) is None
+
+
+def test_a_replaced_config_forgets_the_cached_views_of_the_original() -> None:
+    base = SafetyConfig(max_tokens=100)
+    s = RunState()
+    for i in range(5):
+        s.fold(ev(2 * i, "tool_use", tool="bash", content_ref="same", tokens=30))
+        s.fold(ev(2 * i + 1, "return", tool="bash", content_ref="out"))
+    assert base.check(s) is not None  # the caps and the loop detector views are cached now
+    off = base.replace(loop={"enabled": False}, max_tokens=None)
+    assert off.check(s) is None and off.loop.patterns == ()
+    assert base.replace(max_tokens=1000).check(s).name == "loop_detector"

@@ -22,8 +22,7 @@ from stopserve.features import FEATURE_NAMES, RunState
 from stopserve.policy import Policy, StopDecision, cost_weight
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.trace import Trace, is_decision_point
-from stopserve.training.fit import PolicyLearner
-from stopserve.training.fit import _rule_fields
+from stopserve.training.fit import PolicyLearner, _rule_fields
 from stopserve.training.heuristics import HeuristicRule, TunedHeuristic, policy_mask
 from stopserve.training.labels import build_decision_points
 from stopserve.training.replay import replay_decide

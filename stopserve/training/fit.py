@@ -63,7 +63,6 @@ from stopserve.training.heuristics import (
     Replay,
     RuleFires,
     TunedHeuristic,
-    canonical_name,
     cross_fit_heuristics,
     group_folds,
     oracle_mask,
@@ -885,7 +884,7 @@ class PolicyLearner:
         Each fold's base family is ranked on that fold's training traces only, and the
         shipped family on every trace: a fold's test traces never choose its base rule.
         """
-        opts = {"min_turns": 1, "transferable": st.per_run, "fixed_rules": self.fixed_rules}
+        opts: dict[str, Any] = {"min_turns": 1, "transferable": st.per_run, "fixed_rules": self.fixed_rules}
         _, st.fold_heur = cross_fit_heuristics(st.dp, st.lam_value, fold=st.trace_fold, **opts)
         st.heur_all = tune_heuristics(st.dp, st.lam_value, **opts)
         st.ranking = rank_families(st.dp, st.lam_value, folds=self.folds, seed=self.seed, **opts)

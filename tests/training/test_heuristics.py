@@ -7,8 +7,8 @@ import pytest
 from eval_helpers import step_trace
 
 from stopserve.errors import TrainingError
-from stopserve.safety import DEFAULT_SAFETY
 from stopserve.features import RunState
+from stopserve.safety import DEFAULT_SAFETY
 from stopserve.trace import is_decision_point
 from stopserve.training.heuristics import (
     HEURISTICS,

@@ -86,9 +86,13 @@ def test_logged_run_is_a_prefix_of_its_run_to_cap_twin() -> None:
         if a["metrics"]["behavior_policy"] != 0:
             assert a["budget"] == b["budget"]
         if a["stop"]["reason"] in ("quality_met", "information_complete"):
-            dps = sum(e["type"] in _DP_TYPES or bool(e.get("proposed")) for e in a["events"])
-            assert a["budget"]["max_turns"] >= dps
-            chosen += a["budget"]["max_turns"] > dps
+            # the budget counts agent steps: decision points but the rewards
+            steps = sum(
+                (e["type"] in _DP_TYPES and e["type"] != "reward") or bool(e.get("proposed"))
+                for e in a["events"]
+            )
+            assert a["budget"]["max_turns"] >= steps
+            chosen += a["budget"]["max_turns"] > steps
     assert chosen > 10
 
 
@@ -217,7 +221,10 @@ def test_behaviors_are_recorded_and_stop_where_they_say() -> None:
         last = ev[-2]  # the event after which the behavior stopped
         dps = sum(1 for e in ev if is_decision_point(Event.model_validate(e)))
         if m["behavior_policy"] == 0 and t["stop"]["reason"] == "budget_exhausted":
-            assert dps == m["behavior_param"] == t["budget"]["max_turns"]
+            assert dps == m["behavior_param"]
+            # the budget counts agent steps: every decision point but the rewards
+            steps = sum(1 for e in ev if e["type"] != "reward" and is_decision_point(Event.model_validate(e)))
+            assert t["budget"]["max_turns"] == steps
         elif m["behavior_policy"] == 1 and t["stop"]["reason"] == "quality_met":
             assert last["type"] == "reward" and last["value"] >= m["behavior_param"]
         elif m["behavior_policy"] == 2 and t["stop"]["reason"] == "information_complete":

@@ -48,6 +48,21 @@ class _Skeleton:
     def dp_total(self) -> int:
         return sum(self.dp_per_round)
 
+    def steps(self, count: int) -> int:
+        """Agent steps among the first ``count`` decision points (``RunState.turn`` there).
+
+        Every round has one reward event, a decision point but not a step: it comes after
+        the round's aggregate, before its proposal.
+        """
+        seen = rewards = 0
+        for per, proposed in zip(self.dp_per_round, self.proposals, strict=True):
+            if seen + per - proposed <= count:
+                rewards += 1
+            seen += per
+            if seen >= count:
+                break
+        return count - rewards
+
     def round_of_dp(self, count: int) -> int:
         """The round (1-based) holding the ``count``-th decision point."""
         seen = 0
@@ -495,7 +510,8 @@ def _finish(
     }
     k_stop, where, reason, by = stop_at
     b_stop = _stop_index(run, k_stop, where, param)
-    max_turns = int(param) if where == "dp" else skel.dp_total()  # the cap in force, in decision points
+    # the cap in force, in agent steps (a reward event is a decision point but not a step)
+    max_turns = skel.steps(int(param) if where == "dp" else skel.dp_total())
     if run_to_cap:
         end, reason, by = run.round_end[-1], "budget_exhausted", "safety_net"
         metrics["behavior_stop_index"] = float(b_stop)
@@ -503,7 +519,7 @@ def _finish(
         events = run.events
         for j, grade in zip(run.dp, run.dp_grade, strict=True):
             events[j]["grade"] = grade
-        max_turns = skel.dp_total()
+        max_turns = skel.steps(skel.dp_total())
     else:
         end = b_stop
         events = run.events[: end + 1]

@@ -230,6 +230,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="fewer groups and the tuned heuristic ships (a guard cannot tell a model from luck). "
         "Default: 10",
     )
+    p.add_argument(
+        "--rules",
+        choices=("tuned", "fixed"),
+        default="tuned",
+        help="tuned: the heuristics may switch the loop detector and quality_met off and the model may "
+        "overrule them where going on pays; fixed: they always stop a run (the shipped default). "
+        "Default: tuned",
+    )
+    p.add_argument(
+        "--stop-on",
+        choices=("value", "evidence"),
+        default="value",
+        help="value: the model stops a run where its value of going on is below the stop margin; "
+        "evidence: only where the run also shows a stall (a repeat, nothing new, no better reward: "
+        "docs/training.md; the shipped default). Default: value",
+    )
+    p.add_argument(
+        "--censored",
+        choices=("auto", "horizon", "unknown"),
+        default="auto",
+        help="runs that ended at a cap: horizon (the cap is your system's own end) or unknown (what "
+        "going on would have gained is unknown: they do not train the gain of going on); auto is "
+        "unknown with --cost-scale per-run, else horizon. Default: auto",
+    )
     p.add_argument("--seed", type=int, default=0, help="Default: 0")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _dask_options(

@@ -55,6 +55,7 @@ from stopserve.trace import EVENT_TYPES, TOPOLOGIES, Budget, Event
 
 __all__ = [
     "ABSOLUTE_SCALE_FEATURES",
+    "BUDGET_SHARE_FEATURES",
     "CYCLE_MAX_PERIOD",
     "FEATURE_GROUPS",
     "FEATURE_NAMES",
@@ -194,13 +195,24 @@ ABSOLUTE_SCALE_FEATURES: Final[tuple[str, ...]] = (
 )
 
 
+#: The budget shares: how much of a cap in force is used (NaN without a budget).
+BUDGET_SHARE_FEATURES: Final[tuple[str, ...]] = (
+    "budget_share_turns",
+    "budget_share_seconds",
+    "budget_share_tokens",
+    "budget_share_usd",
+)
+
+
 def scale_free_features(*, topology: bool = False) -> tuple[str, ...]:
-    """Feature names without absolute sizes (and without the topology one-hots unless asked).
+    """Feature names without absolute sizes or budget shares (nor topology one-hots unless asked).
 
     What a model trained across systems whose runs cost 1k and 1M tokens should read: counts,
-    shares and ratios. Most users never send a topology, so a transferable model ignores it.
+    shares and ratios. Most users never send a topology, so a transferable model ignores it;
+    and a budget share tells where a corpus's cap falls (MINT's 5 turns, InterCode's 10), which
+    a model meant for systems with other caps, or none, must not learn as the end of every run.
     """
-    drop = set(ABSOLUTE_SCALE_FEATURES)
+    drop = set(ABSOLUTE_SCALE_FEATURES) | set(BUDGET_SHARE_FEATURES)
     if not topology:
         drop |= {n for n in FEATURE_NAMES if n.startswith("topology_")}
     return tuple(n for n in FEATURE_NAMES if n not in drop)
@@ -280,6 +292,7 @@ class RunState:
         "_mono_ref",
         "_mono_run",
         "_n_events",
+        "_new_content",
         "_pairs",
         "_pending",
         "_pending_action",
@@ -295,6 +308,7 @@ class RunState:
         "_reply_agent",
         "_reply_ids",
         "_reply_last",
+        "_reply_mark",
         "_reply_run",
         "_rewards_recent",
         "_same_err_run",
@@ -372,6 +386,11 @@ class RunState:
         self._reply_run: dict[str, int] = {}
         self._reply_ids: dict[str, deque[str]] = {}
         self._reply_agent: str | None = None
+        # events with content not seen before, so far; per agent, that count at its latest reply
+        # (a reply repeated while the others bring new content is no loop: a critic's stock
+        # feedback to an actor that keeps trying new things)
+        self._new_content = 0
+        self._reply_mark: dict[str, int] = {}
         # repeated cycle: event signatures of the last CYCLE_MAX_PERIOD events
         self._sigs: deque[_Sig] = deque(maxlen=CYCLE_MAX_PERIOD)
         self._sig_pos: dict[_Sig, int] = {}
@@ -517,6 +536,7 @@ class RunState:
             self._step_refs = True
             if not seen_before:
                 self._step_new = True
+                self._new_content += 1
             if len(counts) > self._ref_window << 1:
                 self._ref_counts = dict(list(counts.items())[-self._ref_window :])
             self._last_ref = ref
@@ -650,12 +670,15 @@ class RunState:
             last.pop(agent, None)
             ids.clear()
             return
-        if last.get(agent) == ref:
+        fresh = self._new_content
+        if last.get(agent) == ref and self._reply_mark.get(agent) == fresh:
             self._reply_run[agent] += 1
         else:
+            # a new reply, or the same one after the others brought something new: no repeat yet
             self._reply_run[agent] = 1
             last[agent] = ref
             ids.clear()
+        self._reply_mark[agent] = fresh
         ids.append(eid)
 
     def _complete(self, action: Event, result_id: str | None, result_ref: str | None, failed: bool) -> None:

@@ -31,7 +31,16 @@ import orjson
 
 from stopserve.errors import TrainingError
 
-__all__ = ["REAL_SETS", "RealSet", "held_out", "import_set", "split_file", "subsample_file"]
+__all__ = [
+    "REAL_SETS",
+    "RealSet",
+    "held_out",
+    "import_set",
+    "label_systems",
+    "split_file",
+    "subsample_file",
+    "system_family",
+]
 
 
 @dataclass(frozen=True)
@@ -135,3 +144,44 @@ def import_set(name: str, shared: Path, out: Path) -> Path:
             writer.write(trace)
     tmp.rename(dst)
     return dst
+
+
+def system_family(trace: dict[str, object]) -> str:
+    """The system a trace's run came from: one agent scaffold or harness on one benchmark.
+
+    What leave-one-system-out holds out whole (``docs/training.md``): ``mini-swe-agent``
+    (SWE-bench), ``mint`` (one agent), ``mint-feedback`` and ``mint-feedback-sparse`` (a
+    second model writes feedback, dense or sparse: MINT's ``PHF`` settings),
+    ``intercode-sql``, ``intercode-bash``, and ``sim-<topology>`` for simulated runs.
+    Anything else: its ``system`` up to the first "/".
+    """
+    system = str(trace.get("system") or "unknown")
+    dataset = system.split("/", 1)[0]
+    if dataset == "mint":
+        parts = str(trace.get("trace_id", "")).split("/")
+        feedback = parts[2] if len(parts) > 2 else "None"
+        if feedback == "None":
+            return "mint"
+        return "mint-feedback-sparse" if len(parts) > 3 and parts[3].endswith("-sparse") else "mint-feedback"
+    if dataset == "stopserve-sim":
+        return f"sim-{trace.get('topology') or 'unknown'}"
+    return dataset
+
+
+def label_systems(src: Path, dst: Path) -> dict[str, int]:
+    """Copy a JSON Lines trace file with each ``system`` prefixed by its :func:`system_family`.
+
+    ``system`` becomes ``<family>/<system>``, so ``--group-by dataset`` (the system up to
+    the first "/") holds whole systems out. Returns the traces per family.
+    """
+    counts: dict[str, int] = {}
+    with src.open("rb") as fh, dst.open("wb") as out:
+        for line in fh:
+            if not line.strip():
+                continue
+            trace = orjson.loads(line)
+            family = system_family(trace)
+            counts[family] = counts.get(family, 0) + 1
+            trace["system"] = f"{family}/{trace.get('system') or 'unknown'}"
+            out.write(orjson.dumps(trace) + b"\n")
+    return counts

@@ -54,6 +54,7 @@ from typing import Any, Final
 import numpy as np
 
 from stopserve.errors import StopServeError, TrainingError
+from stopserve.evidence import DEFAULT_EVIDENCE, Evidence
 from stopserve.features import FEATURE_NAMES
 from stopserve.policy import Policy
 from stopserve.safety import SafetyConfig
@@ -130,16 +131,20 @@ def _explained(exc: BaseException, label: str) -> TrainingError:
     return TrainingError(f"{label}: {type(exc).__name__}: {text}")
 
 
-def _featurize(
+def _featurize(  # noqa: PLR0917
     path: str | None,
     traces: list[Trace] | None,
     label: str,
     labels_from_rewards: bool,
     nets: SafetyConfig | None,
+    evidence: Evidence = DEFAULT_EVIDENCE,
 ) -> DecisionPart:
     try:
         return decision_part(
-            _Partition(label, path).read(traces), labels_from_rewards=labels_from_rewards, nets=nets
+            _Partition(label, path).read(traces),
+            labels_from_rewards=labels_from_rewards,
+            nets=nets,
+            evidence=evidence,
         )
     except (StopServeError, OSError) as exc:
         raise _explained(exc, label) from None
@@ -404,7 +409,11 @@ class DaskBackend:
         raise _explained(exc, label) from None
 
     def _featurize(
-        self, source: TraceSource, labels_from_rewards: bool, nets: SafetyConfig | None
+        self,
+        source: TraceSource,
+        labels_from_rewards: bool,
+        nets: SafetyConfig | None,
+        evidence: Evidence = DEFAULT_EVIDENCE,
     ) -> tuple[list[_Partition], list[Any]]:
         parts = self._partitions(source)
         futures = [
@@ -415,6 +424,7 @@ class DaskBackend:
                 p.label,
                 labels_from_rewards,
                 nets,
+                evidence,
                 key=f"featurize-{i}-{_token()}",
             )
             for i, p in enumerate(parts)
@@ -434,9 +444,10 @@ class DaskBackend:
         nets: SafetyConfig | None,
         normalize_cost: bool,
         cost_scales: Mapping[str, float] | None = None,
+        evidence: Evidence = DEFAULT_EVIDENCE,
     ) -> DecisionPoints:
         """One featurizing task per partition; the parts assembled here, their matrices kept there."""
-        parts, futures = self._featurize(source, labels_from_rewards, nets)
+        parts, futures = self._featurize(source, labels_from_rewards, nets, evidence)
         labels = [p.label for p in parts]
         got: list[DecisionPart] = self._gather(futures, labels, "decision points")
         self._counts.update({label: g.n_traces for label, g in zip(labels, got, strict=True)})

@@ -52,13 +52,14 @@ import numpy.typing as npt
 
 from stopserve.artifacts import save_model_dir
 from stopserve.errors import TrainingError
-from stopserve.evidence import DEFAULT_EVIDENCE
+from stopserve.evidence import DEFAULT_EVIDENCE, Evidence
 from stopserve.features import FEATURE_NAMES, scale_free_features
 from stopserve.policy import METHOD_MODELS, Policy
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.trace import Trace, read_traces
 from stopserve.training.heuristics import (
     HEURISTICS,
+    LOGO_MAX_GROUPS,
     FamilyRanking,
     Replay,
     RuleFires,
@@ -72,7 +73,7 @@ from stopserve.training.heuristics import (
 )
 from stopserve.training.labels import DecisionPoints, FloatArray, IntArray, build_decision_points
 from stopserve.training.replay import REPLAY_ENGINE, replay_decide, replay_rows
-from stopserve.training.tuning import ALL_RULES, Tuned, learned_mask, tune_policy
+from stopserve.training.tuning import ALL_RULES, Floors, Tuned, learned_mask, tune_policy
 
 __all__ = [
     "DEFAULT_COST_SHARE",
@@ -205,6 +206,7 @@ class Backend(Protocol):
         nets: SafetyConfig | None,
         normalize_cost: bool,
         cost_scales: Mapping[str, float] | None = None,
+        evidence: Evidence = DEFAULT_EVIDENCE,
     ) -> DecisionPoints:
         """:func:`stopserve.training.labels.build_decision_points` of the source's traces."""
         ...
@@ -243,6 +245,7 @@ class LocalBackend:
         nets: SafetyConfig | None,
         normalize_cost: bool,
         cost_scales: Mapping[str, float] | None = None,
+        evidence: Evidence = DEFAULT_EVIDENCE,
     ) -> DecisionPoints:
         """:func:`stopserve.training.labels.build_decision_points` of the source's traces."""
         return build_decision_points(
@@ -254,6 +257,7 @@ class LocalBackend:
             nets=nets,
             normalize_cost=normalize_cost,
             cost_scales=cost_scales,
+            evidence=evidence,
         )
 
     def trainer(
@@ -377,6 +381,8 @@ class _Target:
     objective: str
     #: rows this target learns from (None: all)
     rows: BoolArray | None = None
+    #: the quantile a ``quantile`` objective estimates
+    alpha: float | None = None
 
     @property
     def transform(self) -> str:
@@ -418,6 +424,8 @@ class _Trainer:
             if valid_rows is not None:
                 valid_rows = valid_rows[target.rows[valid_rows]]
         params = {**self.params, "objective": target.objective, "seed": seed}
+        if target.alpha is not None:
+            params["alpha"] = target.alpha
         params.pop("max_bin", None)
         train_set = self._dataset(train_rows, target.y)
         callbacks: list[Any] = []
@@ -438,9 +446,18 @@ class _Trainer:
         return cut, int(best)
 
 
-def _targets(dp: DecisionPoints) -> dict[str, _Target]:
+def _targets(
+    dp: DecisionPoints, uncensored: BoolArray | None = None, gain_quantile: float | None = None
+) -> dict[str, _Target]:
+    """The boosters' targets; ``uncensored`` (rows) limits G to runs that ended on their own;
+    ``gain_quantile`` makes G that quantile of the gain, not its mean (an optimistic G)."""
+    gain = dp.q_final - dp.q
     return {
-        "g": _Target("g", dp.q_final - dp.q, "regression"),
+        "g": (
+            _Target("g", gain, "regression", rows=uncensored)
+            if gain_quantile is None
+            else _Target("g", gain, "quantile", rows=uncensored, alpha=gain_quantile)
+        ),
         "k": _Target("k", k_target(dp), "regression"),
         # the outcome filled in at a run's own end is not what an early stop hands back: S learns
         # from the qualities a stop can take (grades, rewards), not from where the run ended anyway
@@ -465,6 +482,9 @@ class _Fold:
     test: IntArray
     boosters: dict[str, Any] = field(default_factory=dict)
     iters: dict[str, int] = field(default_factory=dict)
+    #: rows the fold's margins are tuned on: its held-out inner part, or (``inner_cv``) all its
+    #: training rows, each predicted by a model that did not see its group
+    tune: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass
@@ -516,8 +536,12 @@ class _FitState:
         return int(np.unique(self.dp.group).size)
 
 
-def _folds(dp: DecisionPoints, trace_fold: IntArray, seed: int) -> list[_Fold]:
-    """Rows of each fold: its training part, its held-out inner part (about 25% of the groups), its test."""
+def _folds(dp: DecisionPoints, trace_fold: IntArray, seed: int, *, inner_cv: bool = False) -> list[_Fold]:
+    """Rows of each fold: its training part, its held-out inner part (about 25% of the groups), its test.
+
+    The margins are tuned on the held-out inner part, or with ``inner_cv`` on every row
+    but the test's (predicted by nested cross-fitting).
+    """
     row_fold = trace_fold[dp.trace_idx]
     rng = np.random.default_rng(seed)
     rows_all = np.arange(dp.n_rows, dtype=np.int64)
@@ -529,7 +553,8 @@ def _folds(dp: DecisionPoints, trace_fold: IntArray, seed: int) -> list[_Fold]:
         is_valid[train_traces[valid_flag]] = True
         in_train = (row_fold != f) & ~is_valid[dp.trace_idx]
         in_valid = (row_fold != f) & is_valid[dp.trace_idx]
-        folds.append(_Fold(rows_all[in_train], rows_all[in_valid], rows_all[row_fold == f]))
+        tune = rows_all[row_fold != f] if inner_cv else rows_all[in_valid]
+        folds.append(_Fold(rows_all[in_train], rows_all[in_valid], rows_all[row_fold == f], tune=tune))
     return folds
 
 
@@ -563,6 +588,12 @@ class PolicyLearner:
         backend: Backend | None = None,
         fixed_rules: bool = False,
         stop_on: str = "value",
+        censored: str = "auto",
+        floors: Floors | None = None,
+        overrules: Sequence[str] | None = None,
+        gain_quantile: float | None = None,
+        evidence: Evidence | None = None,
+        inner_cv: bool = False,
     ) -> None:
         self.lam = lam
         self.cost_share = cost_share
@@ -582,6 +613,12 @@ class PolicyLearner:
         self.backend = backend
         self.fixed_rules = fixed_rules
         self.stop_on = stop_on
+        self.censored = censored
+        self.floors = floors
+        self.overrules = overrules
+        self.gain_quantile = gain_quantile
+        self.evidence = evidence
+        self.inner_cv = inner_cv
 
     # ----------------------------------------------------------------- checks
 
@@ -606,6 +643,12 @@ class PolicyLearner:
             raise TrainingError(f"--folds must be at least 2 for cross-validation, got {self.folds}")
         if self.min_turns is not None and self.min_turns < 0:
             raise TrainingError(f"min_turns must be >= 0, got {self.min_turns}")
+        if self.overrules is not None and not set(self.overrules) <= ALL_RULES:
+            raise TrainingError(
+                f"overrules: expected some of {', '.join(sorted(ALL_RULES))}, got {list(self.overrules)}"
+            )
+        if self.censored not in ("auto", "horizon", "unknown"):
+            raise TrainingError(f"censored must be auto, horizon or unknown, got {self.censored!r}")
         if self.stop_on not in ("value", "evidence"):
             raise TrainingError(f"stop_on must be 'value' or 'evidence', got {self.stop_on!r}")
 
@@ -638,7 +681,8 @@ class PolicyLearner:
         writes), ``cv_`` (cross-validated figures of every policy), ``guard_`` (the
         comparison that chose what ships), ``cv_values_`` (each trace's cross-validated
         value per policy), ``chosen_``, ``importance_``, ``notes_`` and ``timings_``.
-        ``backend`` (default :class:`LocalBackend`) says where the work runs. Raises
+        ``cv_replays_`` holds each policy's cross-validated :class:`Replay` (value, quality
+        and cost per trace). ``backend`` (default :class:`LocalBackend`) says where the work runs. Raises
         :class:`TrainingError` when the traces cannot train a policy.
         """
         self._check_params()
@@ -723,6 +767,7 @@ class PolicyLearner:
                 "params": {**st.params, "max_rounds": self.max_rounds, "early_stopping": EARLY_STOPPING},
                 "labels_from_rewards": labels_from_rewards,
                 "group_by": group_by,
+                "censored": self._censoring(),
                 "notes": st.notes,
             }
         )
@@ -732,6 +777,7 @@ class PolicyLearner:
         self.models_ = models
         self.cv_ = cv
         self.cv_values_ = st.cv_values
+        self.cv_replays_ = reps
         self.guard_ = guard
         self.chosen_ = chosen
         self.importance_ = importance
@@ -756,6 +802,7 @@ class PolicyLearner:
             progress=self.progress,
             nets=nets,
             normalize_cost=per_run,
+            evidence=self._evidence(),
         )
         if dp.n_traces < 2:
             raise TrainingError(
@@ -799,6 +846,21 @@ class PolicyLearner:
         if not np.all(weight == 1.0):
             notes.append("logged decisions carry propensities < 1: rows are inverse-propensity weighted")
         trace_fold = group_folds(dp.group, self.folds, self.seed)
+        uncensored = None
+        if self._censoring() == "unknown":
+            n_cens = int(dp.censored.sum())
+            if n_cens == dp.n_traces:
+                raise TrainingError(
+                    f"every one of the {dp.n_traces} traces ended at a cap (censored): with censored runs "
+                    "unknown past their cap nothing is left to learn the gain of going on from; "
+                    "use --censored horizon if the cap is your system's own"
+                )
+            uncensored = ~dp.censored[dp.trace_idx]
+            if n_cens:
+                notes.append(
+                    f"{n_cens} of {dp.n_traces} traces ended at a cap (censored): they train the cost still "
+                    "to come (as a lower bound) but not the gain of going on, which is unknown past the cap"
+                )
         return _FitState(
             dp=dp,
             nets=nets,
@@ -815,10 +877,10 @@ class PolicyLearner:
             params=params,
             trainer=self._backend().trainer(X, weight, params, used),
             trace_fold=trace_fold,
-            folds=_folds(dp, trace_fold, self.seed),
-            targets=_targets(dp),
+            folds=_folds(dp, trace_fold, self.seed, inner_cv=self.inner_cv),
+            targets=_targets(dp, uncensored, self.gain_quantile),
             notes=notes,
-            overrules=frozenset({"rule", "proposed"}) if self.fixed_rules else ALL_RULES,
+            overrules=self._overrules(),
         )
 
     def _cross_fit(self, st: _FitState, target: _Target) -> None:
@@ -830,11 +892,36 @@ class PolicyLearner:
             fold.boosters[target.name] = booster
             fold.iters[target.name] = best
             st.oof[target.name][fold.test] = booster.predict(st.X[fold.test], raw_score=True)
-            st.inner[target.name].append(
-                booster.predict(st.X[fold.valid], raw_score=True) if fold.valid.size else np.zeros(0)
-            )
+            if self.inner_cv:
+                st.inner[target.name].append(self._inner_oof(st, target, fold, best, f))
+            else:
+                st.inner[target.name].append(
+                    booster.predict(st.X[fold.valid], raw_score=True) if fold.valid.size else np.zeros(0)
+                )
             if st.bar is not None:
                 st.bar.update(1)
+
+    def _inner_oof(self, st: _FitState, target: _Target, fold: _Fold, rounds: int, f: int) -> FloatArray:
+        """Predictions on every training row of ``fold``, each by a model fitted without its group.
+
+        Nested cross-fitting (leave one group out with few groups, else k folds): the fold's
+        margins are then tuned on all its training groups, as the final model's are on all.
+        """
+        dp = st.dp
+        rows = fold.tune
+        groups = dp.group[dp.trace_idx[rows]]
+        uniq = np.unique(groups)
+        if uniq.size < 2:
+            return np.asarray(fold.boosters[target.name].predict(st.X[rows], raw_score=True))
+        inner = np.searchsorted(uniq, groups) if uniq.size <= LOGO_MAX_GROUPS else None
+        if inner is None:
+            inner = group_folds(groups, self.folds, self.seed + 100 + f)
+        out = np.zeros(rows.size)
+        for g in np.unique(inner):
+            held = inner == g
+            booster, _ = st.trainer.train(target, rows[~held], None, max(rounds, 1), self.seed + f)
+            out[held] = booster.predict(st.X[rows[held]], raw_score=True)
+        return out
 
     def _template(self, st: _FitState, method: str) -> Policy:
         """A policy without boosters: only its ``values`` (the one definition of V) is used."""
@@ -873,6 +960,7 @@ class PolicyLearner:
                 strata=_strata(dp, st.per_run),
                 overrules=st.overrules,
                 stall=self._stall(st, dp),
+                floors=self.floors,
             )
             if best is None or t.score > best[1].score + 1e-12:
                 best = (method, t)
@@ -887,17 +975,20 @@ class PolicyLearner:
         opts: dict[str, Any] = {"min_turns": 1, "transferable": st.per_run, "fixed_rules": self.fixed_rules}
         _, st.fold_heur = cross_fit_heuristics(st.dp, st.lam_value, fold=st.trace_fold, **opts)
         st.heur_all = tune_heuristics(st.dp, st.lam_value, **opts)
-        st.ranking = rank_families(st.dp, st.lam_value, folds=self.folds, seed=self.seed, **opts)
+
+        def rank(dp: DecisionPoints) -> FamilyRanking:
+            floors = None if self.floors is None else (self.floors.value, self.floors.success)
+            strata = dp.dataset if self.floors is not None else None
+            return rank_families(
+                dp, st.lam_value, folds=self.folds, seed=self.seed, strata=strata, floors=floors, **opts
+            )
+
+        st.ranking = rank(st.dp)
         traces = np.arange(st.dp.n_traces)
         st.fold_family = []
         for f in range(st.k):
             sub = st.dp.subset(traces[st.trace_fold != f])
-            if np.unique(sub.group).size >= 2:
-                st.fold_family.append(
-                    rank_families(sub, st.lam_value, folds=self.folds, seed=self.seed, **opts).best
-                )
-            else:
-                st.fold_family.append(st.ranking.best)
+            st.fold_family.append(rank(sub).best if np.unique(sub.group).size >= 2 else st.ranking.best)
         if self.log is not None:
             self.log(
                 f"heuristic families ({st.ranking.scheme}): best {st.ranking.best}; folds {st.fold_family}"
@@ -926,7 +1017,7 @@ class PolicyLearner:
         stop_rule = np.zeros(dp.n_rows, dtype=bool)  # pass 0: the later rule is "continue as logged"
         for p in range(OPTIMAL_PASSES):
             y = _next_stop_value(dp, stop_rule, st.lam_value) + st.lam_value * dp.c
-            st.c_target = _Target("c", y, "regression")
+            st.c_target = _Target("c", y, "regression", rows=st.targets["g"].rows)
             self._cross_fit(st, st.c_target)
             v_opt = self._v(st, "optimal", st.oof, slice(None))
             tuned = tune_policy(
@@ -938,6 +1029,7 @@ class PolicyLearner:
                 strata=_strata(dp, st.per_run),
                 overrules=st.overrules,
                 stall=stall,
+                floors=self.floors,
             )
             stop_rule = learned_mask(
                 dp,
@@ -966,10 +1058,10 @@ class PolicyLearner:
             base_name = st.fold_family[f]
             base = st.fold_heur[f][base_name]
             choice = None
-            if fold.valid.size:
-                sub = st.dp.subset(np.unique(st.dp.trace_idx[fold.valid]))
+            if fold.tune.size:
+                sub = st.dp.subset(np.unique(st.dp.trace_idx[fold.tune]))
                 choice = self._tune(
-                    st, sub, {n: st.inner[n][f] for n in st.inner}, fold.valid, base.fires(sub)
+                    st, sub, {n: st.inner[n][f] for n in st.inner}, fold.tune, base.fires(sub)
                 )
             if choice is None or not choice[1].deviates:
                 policies.append(base.policy(st.nets))
@@ -1094,8 +1186,26 @@ class PolicyLearner:
         }
         return models, manifest, final_tuned, importance
 
+    def _overrules(self) -> frozenset[str]:
+        """The rule kinds the model may overrule: ``overrules``, else every rule with tuned rules and
+        only the base rule and proposed stops with fixed ones."""
+        if self.overrules is not None:
+            return frozenset(self.overrules)
+        return frozenset({"rule", "proposed"}) if self.fixed_rules else ALL_RULES
+
+    def _censoring(self) -> str:
+        """How runs that ended at a cap are read: ``horizon`` (the cap is the system's own end) or
+        ``unknown`` (what going on would have gained is unknown: the default for a model meant for
+        systems it has not seen, ``cost_scale="per_run"``)."""
+        if self.censored != "auto":
+            return self.censored
+        return "unknown" if self.cost_scale == "per_run" else "horizon"
+
     def _rule_fields(self, st: _FitState, base: TunedHeuristic, tuned: Tuned) -> dict[str, Any]:
-        return _rule_fields(base, tuned, st.nets, st.overrules, self.stop_on)
+        return _rule_fields(base, tuned, st.nets, st.overrules, self.stop_on, self._evidence())
+
+    def _evidence(self) -> Evidence:
+        return DEFAULT_EVIDENCE if self.evidence is None else self.evidence
 
     def _value_manifest(
         self, method: str, dp: DecisionPoints, mean_cost: float, share: float | None, lam_value: float
@@ -1144,8 +1254,13 @@ def _strata(dp: DecisionPoints, per_run: bool) -> IntArray | None:
     return np.asarray(inverse, dtype=np.int64)
 
 
-def _rule_fields(
-    base: TunedHeuristic, tuned: Tuned, nets: SafetyConfig, overrules: frozenset[str], stop_on: str
+def _rule_fields(  # noqa: PLR0917
+    base: TunedHeuristic,
+    tuned: Tuned,
+    nets: SafetyConfig,
+    overrules: frozenset[str],
+    stop_on: str,
+    evidence: Evidence = DEFAULT_EVIDENCE,
 ) -> dict[str, Any]:
     """The manifest fields of a learned policy's rules: its config, base rule, margins, what it overrules."""
     return {
@@ -1156,7 +1271,7 @@ def _rule_fields(
         "proposals": "accept" if base.rule.proposals else "refuse",
         "overrules": sorted(overrules),
         "stop_on": stop_on,
-        **({"evidence": DEFAULT_EVIDENCE.to_dict()} if stop_on == "evidence" else {}),
+        **({"evidence": evidence.to_dict()} if stop_on == "evidence" else {}),
         "margins": {
             "stop": tuned.margin_stop if math.isfinite(tuned.margin_stop) else None,
             "continue": tuned.margin_continue if math.isfinite(tuned.margin_continue) else None,
@@ -1242,6 +1357,9 @@ def _train_learner(
         min_groups=args.min_groups,
         progress=progress,
         backend=backend,
+        fixed_rules=args.rules == "fixed",
+        stop_on=args.stop_on,
+        censored=args.censored,
     ).fit(
         [str(p) for p in args.traces],
         cost_unit=args.cost_unit,

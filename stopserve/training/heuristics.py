@@ -562,6 +562,8 @@ class FamilyRanking:
     best: str
     #: how the folds were drawn: "logo" (leave one group out) or "k-fold x repeats"
     scheme: str
+    #: families that kept the floors in every stratum (all of them when no floors were asked)
+    eligible: tuple[str, ...] = HEURISTICS
 
 
 def rank_families(
@@ -574,13 +576,18 @@ def rank_families(
     min_turns: int = DEFAULT_MIN_TURNS,
     transferable: bool = False,
     fixed_rules: bool = False,
+    strata: npt.NDArray[np.str_] | None = None,
+    floors: tuple[float | None, float | None] | None = None,
 ) -> FamilyRanking:
     """Rank the families by cross-validation repeated over ``repeats`` grouped fold assignments.
 
     Every trace is scored by each family tuned without its group, once per repeat; its
     values are averaged over the repeats, and a family's figure is the mean over traces.
     With at most :data:`LOGO_MAX_GROUPS` groups the folds leave one group out (one repeat:
-    there is nothing to reshuffle). One noisy split no longer picks the family.
+    there is nothing to reshuffle). One noisy split no longer picks the family. With
+    ``strata`` (per trace) and ``floors`` ``(value, success)``, only families whose
+    cross-validated mean value and success stay within those of the logged runs in every
+    stratum may be chosen (where none does, the one that falls short least).
     """
     n_groups = int(np.unique(dp.group).size)
     if n_groups < 2:
@@ -594,6 +601,7 @@ def rank_families(
         assignments = [group_folds(dp.group, folds, seed + r) for r in range(repeats)]
         scheme = f"{min(folds, n_groups)}-fold x {repeats}"
     sums = {h: np.zeros(dp.n_traces) for h in HEURISTICS}
+    q_sums = {h: np.zeros(dp.n_traces) for h in HEURISTICS}
     traces = np.arange(dp.n_traces)
     for fold in assignments:
         _, per_fold = cross_fit_heuristics(
@@ -603,11 +611,27 @@ def rank_families(
             mine = traces[fold == f]
             sub = dp.subset(mine)
             for h in HEURISTICS:
-                sums[h][mine] += replay(sub, tuned[h].stop_mask(sub), lam).value
+                rep = replay(sub, tuned[h].stop_mask(sub), lam)
+                sums[h][mine] += rep.value
+                q_sums[h][mine] += rep.q
     per_trace = {h: s / len(assignments) for h, s in sums.items()}
     values = {h: float(v.mean()) for h, v in per_trace.items()}
-    best = HEURISTICS[0]
-    for h in HEURISTICS:  # strictly better than every simpler family, beyond rounding
+    shortfall = dict.fromkeys(HEURISTICS, 0.0)
+    if strata is not None and floors is not None:
+        behavior = {"value": dp.trace_q_final - lam * dp.trace_c_final, "success": dp.trace_q_final}
+        for h in HEURISTICS:
+            got = {"value": per_trace[h], "success": q_sums[h] / len(assignments)}
+            for what, floor in zip(("value", "success"), floors, strict=True):
+                if floor is None:
+                    continue
+                for name in np.unique(strata):
+                    m = strata == name
+                    short = float(behavior[what][m].mean() - got[what][m].mean()) - floor
+                    shortfall[h] = max(shortfall[h], short)
+    eligible = tuple(h for h in HEURISTICS if shortfall[h] <= 1e-9)
+    pool = eligible or (min(HEURISTICS, key=lambda h: shortfall[h]),)
+    best = pool[0]
+    for h in pool:  # strictly better than every simpler family, beyond rounding
         if values[h] > values[best] + 1e-9:
             best = h
-    return FamilyRanking(values=values, per_trace=per_trace, best=best, scheme=scheme)
+    return FamilyRanking(values=values, per_trace=per_trace, best=best, scheme=scheme, eligible=eligible)

@@ -121,6 +121,9 @@ class DecisionPoints:
     optimal_value: FloatArray  # nan when the trace carries none
     optimal_lambda: FloatArray
     run_to_cap: BoolArray
+    #: the run ended at a cap (its stop is ``budget_exhausted``, it ran to the cap, or it used up its
+    #: budget): censored, it did not show what going on would have gained
+    censored: BoolArray
     #: the trace's data set (its ``system`` up to the first "/"), e.g. ``mint``
     dataset: StrArray
     #: what each trace's costs were divided by (1 unless costs are normalised per data set)
@@ -195,6 +198,7 @@ class DecisionPoints:
             optimal_value=self.optimal_value[idx],
             optimal_lambda=self.optimal_lambda[idx],
             run_to_cap=self.run_to_cap[idx],
+            censored=self.censored[idx],
             dataset=self.dataset[idx],
             cost_scale=self.cost_scale[idx],
             feature_names=self.feature_names,
@@ -266,6 +270,24 @@ def _quality_met(nets: SafetyConfig, state: RunState) -> bool:
     return value is not None and value >= nets.quality_met
 
 
+def _censored(trace: Trace, state: RunState) -> bool:
+    """Whether the run ended at a cap rather than on its own (``state``: every event folded)."""
+    if trace.stop is not None and trace.stop.reason == "budget_exhausted":
+        return True
+    if trace.metrics.get("run_to_cap") == 1.0:
+        return True
+    budget = trace.budget
+    if budget is None:
+        return False
+    used = {
+        "max_turns": state.turn,
+        "max_seconds": state.elapsed,
+        "max_tokens": state.tokens,
+        "max_usd": state.usd,
+    }
+    return any(getattr(budget, k) is not None and v >= getattr(budget, k) for k, v in used.items())
+
+
 def _team_outcome(trace: Trace) -> float | None:
     team = trace.rewards.get("team")
     if team is None or not math.isfinite(team):
@@ -311,6 +333,7 @@ class DecisionPart:
     optimal_value: FloatArray
     optimal_lambda: FloatArray
     run_to_cap: BoolArray
+    censored: BoolArray
     system: StrArray
     #: some event carries usd / every costed event carries usd (what the default cost unit reads)
     any_usd: bool
@@ -338,6 +361,7 @@ def build_decision_points(
     nets: SafetyConfig | None = None,
     normalize_cost: bool = False,
     cost_scales: Mapping[str, float] | None = None,
+    evidence: Evidence = DEFAULT_EVIDENCE,
 ) -> DecisionPoints:
     """Fold every trace once and collect one row per decision point.
 
@@ -358,6 +382,7 @@ def build_decision_points(
     evaluation protocol, and sets of 1k- and 1M-token runs weigh alike.
     ``cost_scales`` (data set -> mean cost, in the cost unit) gives those means instead,
     e.g. from the training side of a split; a data set it lacks uses its own mean.
+    ``evidence`` sets what counts as a stall (the ``stall`` column).
 
     The same as :func:`assemble_decision_points` of one :func:`decision_part`.
     Raises :class:`TrainingError` when there are no traces, or a trace has no
@@ -366,7 +391,12 @@ def build_decision_points(
     """
     _check_options(cost_unit, group_by)
     part = decision_part(
-        traces, labels_from_rewards=labels_from_rewards, progress=progress, stop_rules=stop_rules, nets=nets
+        traces,
+        labels_from_rewards=labels_from_rewards,
+        progress=progress,
+        stop_rules=stop_rules,
+        nets=nets,
+        evidence=evidence,
     )
     return assemble_decision_points(
         [part], cost_unit=cost_unit, group_by=group_by, normalize_cost=normalize_cost, cost_scales=cost_scales
@@ -406,6 +436,7 @@ def decision_part(
     opt_value: list[float] = []
     opt_lambda: list[float] = []
     run_to_cap: list[bool] = []
+    censored: list[bool] = []
     systems: list[str] = []
     every_costed_has_usd = True
     any_usd = False
@@ -498,6 +529,7 @@ def decision_part(
         opt_value.append(float(trace.metrics.get("optimal_value", math.nan)))
         opt_lambda.append(float(trace.metrics.get("optimal_lambda", math.nan)))
         run_to_cap.append(trace.metrics.get("run_to_cap") == 1.0)
+        censored.append(_censored(trace, state))
         systems.append(trace.system or "unknown")
 
     n_rows = len(cols.q)
@@ -530,6 +562,7 @@ def decision_part(
         optimal_value=np.asarray(opt_value, dtype=np.float64),
         optimal_lambda=np.asarray(opt_lambda, dtype=np.float64),
         run_to_cap=np.asarray(run_to_cap, dtype=bool),
+        censored=np.asarray(censored, dtype=bool),
         system=np.asarray(systems, dtype=np.str_),
         any_usd=any_usd,
         every_costed_has_usd=every_costed_has_usd,
@@ -627,6 +660,7 @@ def assemble_decision_points(
         optimal_value=cat("optimal_value"),
         optimal_lambda=cat("optimal_lambda"),
         run_to_cap=cat("run_to_cap"),
+        censored=cat("censored"),
         dataset=dataset,
         cost_scale=scale,
         rule_stops=rule_stops if rule_stops.shape[1] else np.zeros((0, 0), dtype=bool),

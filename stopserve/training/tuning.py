@@ -26,7 +26,7 @@ import numpy as np
 from stopserve.training.heuristics import RuleFires, policy_mask, replay
 from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray, IntArray
 
-__all__ = ["ALL_RULES", "PESSIMISM", "Tuned", "learned_mask", "split_fires", "tune_policy"]
+__all__ = ["ALL_RULES", "PESSIMISM", "Floors", "Tuned", "learned_mask", "split_fires", "tune_policy"]
 
 #: Standard errors a deviation's mean gain must clear.
 PESSIMISM: Final = 1.0
@@ -123,6 +123,19 @@ def _lcb(mean: float, sq_sum: float, n: int) -> float:
     return mean - PESSIMISM * math.sqrt(var / n)
 
 
+@dataclass(frozen=True)
+class Floors:
+    """What a tuned policy must keep in every stratum (e.g. every system), against the logged runs.
+
+    ``value``: its mean value may fall at most this far below the logged runs' (behavior);
+    ``success``: its mean quality handed back at most this far below theirs. A model meant
+    for systems it has never seen is tuned with both (``docs/training.md``).
+    """
+
+    value: float | None = None
+    success: float | None = None
+
+
 def _sweep(  # noqa: PLR0917
     dp: DecisionPoints,
     v: FloatArray,
@@ -131,15 +144,17 @@ def _sweep(  # noqa: PLR0917
     lam: float,
     ref: FloatArray,
     strata: IntArray | None = None,
+    floors: Floors | None = None,
 ) -> tuple[float, float, float]:
     """Best ``h`` for "stop where eligible and ``v < h``, or where ``extra``": ``(h, gain, lcb)``.
 
     Gains are per trace against ``ref`` (the pure base rule's values). ``h = -inf``: no
     model stop. A trace's first model stop moves only at the record lows of its V, so
     each record contributes one step to the value curve. With ``strata`` (a stratum per
-    trace, e.g. its data set), a threshold whose mean gain is negative in any stratum is
-    not taken: a policy meant for systems it has not seen must not buy a gain on one at
-    the expense of another.
+    trace, e.g. its data set), a threshold is taken only where every stratum keeps its
+    floor: without ``floors``, a mean gain over the base rule that is not negative (a
+    policy meant for systems it has not seen must not buy a gain on one at the expense of
+    another); with them, the :class:`Floors` against the logged runs.
     """
     base_rep = replay(dp, extra, lam)
     base = base_rep.value
@@ -149,9 +164,22 @@ def _sweep(  # noqa: PLR0917
     ss0 = float((g0 * g0).sum())
     n_strata = 1 if strata is None else int(strata.max()) + 1
     st = np.zeros(n_tr, dtype=np.int64) if strata is None else strata
-    st_n = np.bincount(st, minlength=n_strata).astype(np.float64)
-    st_g0 = np.bincount(st, weights=g0, minlength=n_strata)
-    feasible0 = bool(np.all(st_g0 >= -_TOL * st_n))
+    st_n = np.maximum(np.bincount(st, minlength=n_strata).astype(np.float64), 1.0)
+
+    def per(weights: FloatArray) -> FloatArray:
+        return np.bincount(st, weights=weights, minlength=n_strata).astype(np.float64)
+
+    # each stratum's figures before any model stop, and the floor each must keep
+    checks: list[tuple[FloatArray, FloatArray]] = []  # (start sum, floor sum) per stratum
+    if floors is None:
+        checks.append((per(g0), -_TOL * st_n))
+    else:
+        if floors.value is not None:
+            behavior = dp.trace_q_final - lam * dp.trace_c_final
+            checks.append((per(base), per(behavior) - (floors.value + _TOL) * st_n))
+        if floors.success is not None:
+            checks.append((per(base_rep.q), per(dp.trace_q_final) - (floors.success + _TOL) * st_n))
+    feasible0 = strata is None or all(bool(np.all(a >= b)) for a, b in checks)
     best = (-math.inf, mean0, _lcb(mean0, ss0, n_tr) if feasible0 else -math.inf)
     n = dp.n_rows
     idx = np.arange(n, dtype=np.int64)
@@ -174,9 +202,14 @@ def _sweep(  # noqa: PLR0917
     val = dp.q[rows] - lam * dp.c[rows]
     same = np.zeros(rows.size, dtype=bool)
     same[:-1] = tr[1:] == tr[:-1]
-    nxt = np.empty(rows.size)
-    nxt[:-1] = val[1:]
-    nxt = np.where(same, nxt, base[tr])
+
+    def following(x: FloatArray, at_base: FloatArray) -> FloatArray:
+        # the figure at the trace's next record (a lower V), or the base's where there is none
+        nxt = np.empty(rows.size)
+        nxt[:-1] = x[1:]
+        return np.where(same, nxt, at_base[tr])
+
+    nxt = following(val, base)
     r = ref[tr]
     # as h rises past v_j, the trace's stop moves from the next record (or the base) to j
     d1 = val - nxt
@@ -191,11 +224,19 @@ def _sweep(  # noqa: PLR0917
     var = np.maximum((ss0 + s2[last]) / n_tr - mean**2, 0.0)
     score = mean - PESSIMISM * np.sqrt(var / n_tr)
     if strata is not None:
-        # gain per stratum at each threshold: a cumulative sum per stratum
-        by = np.zeros((points.size, n_strata))
-        by[np.arange(points.size), st[tr][order]] = d1[order]
-        per = (st_g0 + np.cumsum(by, axis=0)[last]) / np.maximum(st_n, 1.0)
-        score = np.where(np.all(per >= -_TOL, axis=1), score, -math.inf)
+        # each stratum's figure at each threshold: a cumulative sum per stratum
+        deltas = [d1]
+        if floors is not None:
+            deltas = [d1] if floors.value is not None else []
+            if floors.success is not None:
+                q_rows = dp.q[rows]
+                deltas.append(q_rows - following(q_rows, base_rep.q))
+        ok = np.ones(int(last.sum()), dtype=bool)
+        for (start_sum, floor), delta in zip(checks, deltas, strict=True):
+            by = np.zeros((points.size, n_strata))
+            by[np.arange(points.size), st[tr][order]] = delta[order]
+            ok &= np.all(start_sum + np.cumsum(by, axis=0)[last] >= floor, axis=1)
+        score = np.where(ok, score, -math.inf)
     points = points[last]
     k = int(np.argmax(score))
     if score[k] > best[2] + _EPS:
@@ -204,11 +245,17 @@ def _sweep(  # noqa: PLR0917
     return best
 
 
-def _continue_grid(v: FloatArray, where: BoolArray) -> list[float]:
+def _continue_grid(v: FloatArray, where: BoolArray, *, wide: bool = False) -> list[float]:
+    """Continue margins to try: quantiles of V where an overrulable rule fires, and "never".
+
+    ``wide`` (a success constraint in force) tries the whole range of V, not its upper half:
+    keeping a rule's stops may cost more success than the constraint allows.
+    """
     vals = v[where & np.isfinite(v)]
     if vals.size == 0:
         return [math.inf]
-    qs = np.unique(np.quantile(vals, np.linspace(0.5, 1.0, CONTINUE_GRID), method="nearest"))
+    lo, n = (0.0, 2 * CONTINUE_GRID) if wide else (0.5, CONTINUE_GRID)
+    qs = np.unique(np.quantile(vals, np.linspace(lo, 1.0, n), method="nearest"))
     return [math.inf, *(float(x) for x in qs[::-1])]
 
 
@@ -222,26 +269,27 @@ def tune_policy(
     strata: IntArray | None = None,
     overrules: frozenset[str] = ALL_RULES,
     stall: BoolArray | None = None,
+    floors: Floors | None = None,
 ) -> Tuned:
     """Margins and ``min_turns`` of the learned policy on ``dp``, against its base rule ``fires``.
 
     Returns the pure base rule (both margins infinite) unless some deviation's lower
     confidence bound of the gain is above 0 (and, with ``strata``, its mean gain is not
-    negative in any stratum: see :func:`_sweep`). ``overrules`` and ``stall`` are the
-    served policy's (:func:`learned_mask`).
+    negative in any stratum, or, with ``floors``, every stratum keeps them: see
+    :func:`_sweep`). ``overrules`` and ``stall`` are the served policy's (:func:`learned_mask`).
     """
     ref = replay(dp, policy_mask(dp, fires), lam).value
     ref_mean = float(ref.mean())
     best = Tuned(math.inf, math.inf, min(min_turns), 0.0, 0.0, ref_mean)
     hard, soft = split_fires(fires, overrules)
-    for m_c in _continue_grid(v, soft):
+    for m_c in _continue_grid(v, soft, wide=floors is not None):
         keep_going = v > m_c
         extra = dp.net_stop | hard | (soft & ~keep_going)
         for mt in min_turns:
             eligible = dp.allowed & ~(hard | soft) & (dp.turn >= mt)
             if stall is not None:
                 eligible &= stall
-            h, gain, score = _sweep(dp, v, eligible, extra, lam, ref, strata)
+            h, gain, score = _sweep(dp, v, eligible, extra, lam, ref, strata, floors)
             if score > best.score + _EPS:
                 best = Tuned(-h if math.isfinite(h) else math.inf, m_c, mt, score, gain, ref_mean + gain)
     return best

@@ -1,18 +1,34 @@
-"""The three scenarios every path must get right, as scripted orchestrator turns.
+"""Scripted runs every path must get right, written from how real agents behave.
 
-A turn is what an orchestrator sends between two ``decide`` calls. Each scenario yields
-the events of one turn at a time; :func:`drive` feeds them to any ``decide`` callable
-and stops at the first stop, so the same runs go through raw HTTP, the sync and async
-clients, and (re-scripted in each framework's own terms) the integrations.
+A step is what an orchestrator sends between two ``decide`` calls: one agent step (a tool
+call and its result, a message handed back) and, where the run has a reward channel, its
+reward. Each scenario yields the events of one step at a time; :func:`drive` feeds them to
+any ``decide`` callable and stops at the first stop, so the same runs go through raw
+HTTP, the sync and async clients (service up and down), and, re-scripted in each
+framework's own terms, the integrations.
 
-* :func:`stuck_loop`: the same command and the same output every turn (1,500 tokens a
-  turn). The loop detector's ``repeated_action_observation`` (4 in a row) must stop it,
-  well within :data:`LOOP_TURNS`.
-* :func:`quality_run`: new work every turn and a quality reward (channel ``quality``
-  or none) that jumps from 0.1 and 0.2 to 1.0 at turn :data:`QUALITY_AT`: the
-  ``quality_met`` net (1.0) must stop it within :data:`QUALITY_WITHIN` decision points.
-* :func:`productive_run`: a new command and a new output every turn, no error, ~1,500
-  tokens a turn, and (optionally) a quality reward rising slowly (see its docstring).
+Productive runs, which nothing may stop before they are done (:data:`PRODUCTIVE`):
+
+* ``fix_and_retest``: edit (new content each time), run the same ``pytest`` command,
+  the same failure, five times; the sixth run passes;
+* ``rising_reward_03`` / ``rising_reward_08``: a new command each step and a quality
+  reward rising by 0.03 / 0.08 a step until it reaches 1.0;
+* ``reward_dip``: a rising reward that dips for three steps, then recovers to 1.0;
+* ``no_reward_100``: 100 steps of new content and no reward channel at all;
+* ``distinct_errors``: a new command each step, each failing with a new error;
+* ``retry_until_success``: fresh attempts at a task (new plan, new output), the first
+  six fail, the seventh succeeds (the pattern of a retry agent with no reward channel);
+* ``support_chat``: a customer-service agent talking with a user over 40 turns and calling
+  lookup tools, reward only at the end (none reaches the service during the run);
+* ``polling_progress``: a job polled with the same command, whose log grows each time.
+
+Runs that must stop (:data:`MUST_STOP`):
+
+* ``failing_loop``: the same failing command, the same output: stopped within
+  :data:`LOOP_STEPS` steps, the reason naming the loop;
+* ``succeeding_loop``: the same succeeding command, the same output, likewise;
+* ``solved``: the quality reward reaches 1.0 at step :data:`SOLVED_AT`: stopped within
+  :data:`SOLVED_WITHIN` decision points (``quality_met``).
 """
 
 from __future__ import annotations
@@ -26,34 +42,33 @@ from stopserve.features import LOOP_PATTERNS
 from stopserve.trace import Event
 
 __all__ = [
+    "LOOP_STEPS",
     "LOOP_TURNS",
-    "PRODUCTIVE_TURNS",
-    "QUALITY_AT",
-    "QUALITY_WITHIN",
+    "MUST_STOP",
+    "PRODUCTIVE",
+    "SCENARIOS",
+    "SOLVED_AT",
+    "SOLVED_WITHIN",
     "TOKENS_PER_TURN",
+    "Scenario",
     "Service",
     "assert_loop_stop",
+    "check",
     "drive",
-    "productive_reward",
-    "productive_run",
-    "quality_run",
-    "served_reward_thresholds",
-    "stuck_loop",
     "summary",
 ]
 
-#: A stuck loop must be stopped at or before this turn.
-LOOP_TURNS: Final = 8
-#: The turn whose reward reaches 1.0 in :func:`quality_run`.
-QUALITY_AT: Final = 3
+#: A loop must be stopped at or before this step.
+LOOP_STEPS: Final = 8
+LOOP_TURNS: Final = LOOP_STEPS  # the integrations' name for it
+#: The step whose reward reaches 1.0 in ``solved``.
+SOLVED_AT: Final = 3
 #: Decision points a stop may lag behind the reward reaching 1.0.
-QUALITY_WITHIN: Final = 2
-#: A productive run must not be stopped before this many turns.
-PRODUCTIVE_TURNS: Final = 20
-#: Tokens one turn costs (a moderate agent step).
+SOLVED_WITHIN: Final = 2
+#: Tokens one step costs (a moderate agent step).
 TOKENS_PER_TURN: Final = 1500
 
-Turn = list[Event]
+Step = list[Event]
 
 
 @dataclass(frozen=True)
@@ -64,95 +79,226 @@ class Service:
     down: bool
 
 
-def stuck_loop(agent: str = "coder") -> Iterator[Turn]:
-    """The same command, the same output, every turn, forever."""
-    rec = EventRecorder(agent=agent, id_prefix="loop-")
+@dataclass(frozen=True)
+class Scenario:
+    """A scripted run and what must happen to it.
+
+    ``steps`` yields one step's events at a time. ``done_at``: the step at which a
+    productive run has done its work (nothing may stop it earlier; with ``then_quality``
+    its reward is 1.0 there and ``quality_met`` must stop it within ``SOLVED_WITHIN``
+    decision points; without, the run is driven to ``done_at`` and must not be stopped at
+    all). ``stop_within``: a run that must be stopped by that step, for one of ``reasons``.
+    """
+
+    name: str
+    steps: Callable[[], Iterator[Step]]
+    done_at: int | None = None
+    then_quality: bool = False
+    stop_within: int | None = None
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def limit(self) -> int:
+        """Steps to drive the run for."""
+        if self.stop_within is not None:
+            return self.stop_within + 30  # a missed stop shows as a run that went on
+        assert self.done_at is not None
+        return self.done_at + (SOLVED_WITHIN + 1 if self.then_quality else 0)
+
+
+def _recorder(name: str) -> EventRecorder:
+    return EventRecorder(agent="coder", id_prefix=f"{name}-")
+
+
+def fix_and_retest() -> Iterator[Step]:
+    rec = _recorder("fix")
+    for attempt in range(1, 1000):
+        rec.tool_use("edit", content=f"edit src/parse.py: attempt {attempt}", tokens=TOKENS_PER_TURN)
+        rec.returned("edit", content=f"src/parse.py updated ({attempt})")
+        yield rec.drain()
+        rec.tool_use("bash", content="pytest tests/test_parse.py -x", tokens=TOKENS_PER_TURN)
+        passed = attempt >= 6
+        rec.returned(
+            "bash",
+            content="1 passed" if passed else "FAILED tests/test_parse.py::test_roundtrip - AssertionError",
+            error=not passed,
+        )
+        yield rec.drain()
+
+
+def rising_reward(step_gain: float) -> Callable[[], Iterator[Step]]:
+    def run() -> Iterator[Step]:
+        rec = _recorder(f"rise{step_gain}")
+        for step in range(1, 1000):
+            rec.tool_use("bash", content=f"refine the query, version {step}", tokens=TOKENS_PER_TURN)
+            rec.returned("bash", content=f"result set {step}")
+            rec.reward(min(1.0, round(0.1 + step_gain * (step - 1), 4)), channel="quality")
+            yield rec.drain()
+
+    return run
+
+
+def _steps_to_one(step_gain: float) -> int:
+    step = 1
+    while min(1.0, round(0.1 + step_gain * (step - 1), 4)) < 1.0:
+        step += 1
+    return step
+
+
+_DIP: Final = (0.2, 0.35, 0.5, 0.4, 0.3, 0.35, 0.6, 0.8, 1.0)
+
+
+def reward_dip() -> Iterator[Step]:
+    rec = _recorder("dip")
+    for step in range(1, 1000):
+        rec.tool_use("bash", content=f"try approach {step}", tokens=TOKENS_PER_TURN)
+        rec.returned("bash", content=f"outcome {step}")
+        rec.reward(_DIP[min(step, len(_DIP)) - 1], channel="quality")
+        yield rec.drain()
+
+
+def no_reward_100() -> Iterator[Step]:
+    rec = _recorder("long")
+    for step in range(1, 1000):
+        rec.tool_use("bash", content=f"implement part {step}: edit module_{step}.py", tokens=TOKENS_PER_TURN)
+        rec.returned("bash", content=f"module_{step}.py written; {step} tests pass")
+        yield rec.drain()
+
+
+def distinct_errors() -> Iterator[Step]:
+    rec = _recorder("errors")
+    for step in range(1, 1000):
+        rec.tool_use("bash", content=f"python scripts/probe_{step}.py", tokens=TOKENS_PER_TURN)
+        rec.returned("bash", content=f"Traceback ... KeyError: 'field_{step}'", error=True)
+        yield rec.drain()
+
+
+def retry_until_success() -> Iterator[Step]:
+    rec = _recorder("retry")
+    for attempt in range(1, 1000):
+        ok = attempt >= 7
+        rec.tool_use("solve", content=f"attempt {attempt}: plan {attempt}", tokens=TOKENS_PER_TURN)
+        rec.returned(
+            "solve",
+            content="solved" if ok else f"attempt {attempt} failed: {attempt} checks off",
+            error=not ok,
+        )
+        yield rec.drain()
+
+
+def support_chat() -> Iterator[Step]:
+    rec = EventRecorder(agent="support", id_prefix="chat-")
+    for turn in range(1, 1000):
+        if turn % 4 == 0:
+            rec.tool_use("lookup_order", content=f"order {1000 + turn}", tokens=400)
+            rec.returned("lookup_order", content=f"order {1000 + turn}: shipped on day {turn}")
+        else:
+            rec.communicate(content=f"user message {turn}", agent="user", tokens=200)
+            rec.returned(content=f"agent reply {turn}", tokens=600)
+        yield rec.drain()
+
+
+def polling_progress() -> Iterator[Step]:
+    rec = _recorder("poll")
+    for poll in range(1, 1000):
+        rec.tool_use("bash", content="sleep 30; tail -n 5 build.log", tokens=300)
+        rec.returned("bash", content=f"[{poll * 30}s] compiling unit {poll} of 40")
+        yield rec.drain()
+
+
+def failing_loop() -> Iterator[Step]:
+    rec = _recorder("loop")
     while True:
         rec.tool_use("bash", content="pytest tests/test_utils.py -x", tokens=TOKENS_PER_TURN)
-        rec.returned("bash", content="FAILED tests/test_utils.py::test_parse - AssertionError")
+        rec.returned("bash", content="FAILED tests/test_utils.py::test_parse - AssertionError", error=True)
         yield rec.drain()
 
 
-def quality_run(channel: str | None = "quality") -> Iterator[Turn]:
-    """New work every turn; the quality reward is 0.1, 0.2, then 1.0 from turn ``QUALITY_AT`` on."""
-    rec = EventRecorder(agent="coder", id_prefix="quality-")
-    turn = 0
+def succeeding_loop() -> Iterator[Step]:
+    rec = _recorder("same")
     while True:
-        turn += 1
-        rec.tool_use("bash", content=f"edit and test, attempt {turn}", tokens=TOKENS_PER_TURN)
-        rec.returned("bash", content=f"{turn} of 3 checks pass")
-        rec.reward(1.0 if turn >= QUALITY_AT else 0.1 * turn, channel=channel)
+        rec.tool_use("bash", content="cat config.yaml", tokens=TOKENS_PER_TURN)
+        rec.returned("bash", content="debug: false\nworkers: 4")
         yield rec.drain()
 
 
-def productive_reward(turn: int) -> float:
-    """The productive run's quality reward at ``turn`` (1-based): 0.05, then +0.02 a turn."""
-    return round(0.05 + 0.02 * (turn - 1), 4)
+def solved(channel: str | None = "quality") -> Callable[[], Iterator[Step]]:
+    def run() -> Iterator[Step]:
+        rec = _recorder(f"solved{channel}")
+        for step in range(1, 1000):
+            rec.tool_use("bash", content=f"edit and test, attempt {step}", tokens=TOKENS_PER_TURN)
+            rec.returned("bash", content=f"{step} of 3 checks pass")
+            rec.reward(1.0 if step >= SOLVED_AT else 0.1 * step, channel=channel)
+            yield rec.drain()
+
+    return run
 
 
-def productive_run(*, with_reward: bool = True) -> Iterator[Turn]:
-    """A run that keeps making progress: a new command and a new output every turn, no
-    error, ``TOKENS_PER_TURN`` a turn, and (``with_reward``) a quality reward that rises
-    slowly: :func:`productive_reward`, 0.43 at turn 20.
-
-    Why so slow: the shipped default model starts from a base rule (``GET /v1/model``
-    ``rule``: a reward threshold, "reward >= 0.4545" at the time of writing) that stops a
-    run once its reward reaches that threshold, and rightly so. A run that is still
-    productive at turn 20 is one that has not reached it yet; the test checks that
-    nothing else (the learned value, the nets) cuts such a run short. The test reads the
-    served rule and fails loudly if the run's shape no longer stays under it.
-    """
-    rec = EventRecorder(agent="coder", id_prefix="productive-")
-    turn = 0
-    while True:
-        turn += 1
-        rec.tool_use("bash", content=f"implement step {turn}: edit module_{turn}.py", tokens=TOKENS_PER_TURN)
-        rec.returned("bash", content=f"module_{turn}.py written; {turn} new tests pass")
-        if with_reward:
-            rec.reward(productive_reward(turn), channel="quality")
-        yield rec.drain()
+PRODUCTIVE: Final[tuple[Scenario, ...]] = (
+    Scenario("fix_and_retest", fix_and_retest, done_at=12),
+    Scenario("rising_reward_03", rising_reward(0.03), done_at=_steps_to_one(0.03), then_quality=True),
+    Scenario("rising_reward_08", rising_reward(0.08), done_at=_steps_to_one(0.08), then_quality=True),
+    Scenario("reward_dip", reward_dip, done_at=len(_DIP), then_quality=True),
+    Scenario("no_reward_100", no_reward_100, done_at=100),
+    Scenario("distinct_errors", distinct_errors, done_at=10),
+    Scenario("retry_until_success", retry_until_success, done_at=7),
+    Scenario("support_chat", support_chat, done_at=40),
+    Scenario("polling_progress", polling_progress, done_at=40),
+)
+MUST_STOP: Final[tuple[Scenario, ...]] = (
+    Scenario("failing_loop", failing_loop, stop_within=LOOP_STEPS, reasons=("loop_detected", "no_progress")),
+    Scenario(
+        "succeeding_loop", succeeding_loop, stop_within=LOOP_STEPS, reasons=("loop_detected", "no_progress")
+    ),
+    Scenario("solved", solved(), stop_within=SOLVED_AT, reasons=("quality_met",)),
+    Scenario("solved_primary_channel", solved(None), stop_within=SOLVED_AT, reasons=("quality_met",)),
+)
+SCENARIOS: Final[dict[str, Scenario]] = {s.name: s for s in (*PRODUCTIVE, *MUST_STOP)}
 
 
 Decide = Callable[[Sequence[Event]], Any]
 
 
-def drive(turns: Iterator[Turn], decide: Decide, max_turns: int) -> list[Any]:
-    """Feed one turn at a time to ``decide`` until it says stop or ``max_turns`` passed.
+def drive(steps: Iterator[Step], decide: Decide, max_steps: int) -> list[Any]:
+    """Feed one step at a time to ``decide`` until it says stop or ``max_steps`` passed.
 
     Returns every answer (objects or dicts with ``action``); the last is the stop, if any.
     """
     answers: list[Any] = []
-    for _ in range(max_turns):
-        answer = decide(next(turns))
+    for _ in range(max_steps):
+        answer = decide(next(steps))
         answers.append(answer)
-        action = answer["action"] if isinstance(answer, dict) else answer.action
-        if action == "stop":
+        if _d(answer)["action"] == "stop":
             break
     return answers
+
+
+def _d(answer: Any) -> dict[str, Any]:
+    return answer if isinstance(answer, dict) else answer.model_dump()
 
 
 def summary(answers: Sequence[Any]) -> str:
     """One line per answer, for assertion messages: what was decided where."""
     rows = []
     for i, a in enumerate(answers, 1):
-        d = a if isinstance(a, dict) else a.model_dump()
+        d = _d(a)
         rows.append(
-            f"turn {i}: {d['action']} (decision point {d['turn']}, reason {d.get('reason')}, "
+            f"step {i}: {d['action']} (turn {d['turn']}, reason {d.get('reason')}, "
             f"net {d.get('safety_net')}, pattern {d.get('pattern')}, rule {d.get('rule')}, "
-            f"v {d.get('v_stop')}, degraded {d.get('degraded')})"
+            f"v {d.get('v_stop')}, degraded {d.get('degraded')}; {d.get('message')})"
         )
     return "\n".join(rows)
 
 
 def assert_loop_stop(answers: Sequence[Any]) -> dict[str, Any]:
-    """The stuck loop was stopped within ``LOOP_TURNS`` turns, and the answer names the loop.
+    """A loop was stopped within ``LOOP_STEPS`` steps, and the answer names the loop.
 
     By the loop detector (``loop_detected``), or earlier by the model (``no_progress``)
     while the loop was in progress: then ``pattern`` names what the run was repeating.
     """
-    last = answers[-1] if isinstance(answers[-1], dict) else answers[-1].model_dump()
-    assert last["action"] == "stop", f"the stuck loop was never stopped:\n{summary(answers)}"
-    assert len(answers) <= LOOP_TURNS, summary(answers)
+    last = _d(answers[-1])
+    assert last["action"] == "stop", f"the loop was never stopped:\n{summary(answers)}"
+    assert len(answers) <= LOOP_STEPS, summary(answers)
     assert last["reason"] in ("loop_detected", "no_progress"), (
         f"stopped, but not for the loop:\n{summary(answers)}"
     )
@@ -160,11 +306,25 @@ def assert_loop_stop(answers: Sequence[Any]) -> dict[str, Any]:
     return last
 
 
-def served_reward_thresholds(rule: Any) -> list[float]:
-    """Every reward threshold (``quality_met``) in a served base rule (a SafetyConfig as JSON)."""
-    if not isinstance(rule, dict):
-        return []
-    found = [float(rule["quality_met"])] if rule.get("quality_met") is not None else []
-    for child in [*(rule.get("any") or []), *(rule.get("all") or [])]:
-        found += served_reward_thresholds(child)
-    return found
+def check(scenario: Scenario, answers: Sequence[Any]) -> None:
+    """What must happen to ``scenario``, given the answers ``drive`` collected."""
+    last = _d(answers[-1])
+    if scenario.stop_within is not None:
+        if "loop_detected" in scenario.reasons:
+            assert_loop_stop(answers)
+        else:
+            assert last["action"] == "stop" and last["reason"] in scenario.reasons, summary(answers)
+            assert scenario.stop_within <= len(answers), f"stopped before it was done:\n{summary(answers)}"
+            # the reward came with step SOLVED_AT; a stop may lag it by SOLVED_WITHIN decision points
+            assert len(answers) <= scenario.stop_within + SOLVED_WITHIN - 1, summary(answers)
+        return
+    assert scenario.done_at is not None
+    early = [i for i, a in enumerate(answers, 1) if _d(a)["action"] == "stop" and i < scenario.done_at]
+    assert not early, (
+        f"{scenario.name}: stopped at step {early[0]}, before its work was done:\n{summary(answers)}"
+    )
+    if scenario.then_quality:
+        assert last["action"] == "stop" and last["reason"] == "quality_met", summary(answers)
+        assert len(answers) <= scenario.done_at + SOLVED_WITHIN - 1, summary(answers)
+    else:
+        assert len(answers) == scenario.done_at, summary(answers)

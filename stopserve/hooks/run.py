@@ -7,12 +7,16 @@ What a call does, in order:
    byte offset is in the state), map them to events with the same mapper the
    importer uses, add what the hook input itself says (a tool call and its result,
    the proposed stop) and any events an earlier call could not deliver;
-3. ``POST /v1/runs/{run_id}/decide`` with ``proposed_stop`` on ``Stop``/``SubagentStop``;
+3. ``POST /v1/runs/{run_id}/decide`` with ``proposed_stop`` on ``Stop``/``SubagentStop``
+   (the service's own ``POST /v1/hooks/claude-code`` runs this same code and decides
+   in process: :mod:`stopserve.hooks.serve`);
 4. answer: block a stop the service wants to go on past (at most ``--max-blocks``
    times in a row within a turn, counting again from 0 when ``stop_hook_active`` is
-   false), end the run from a tool hook when a safety net fired; in ``--mode
-   shadow`` only log what would have been done;
-5. save the state atomically, log one line.
+   false), end the run from a tool hook when a safety net fired, the way the harness
+   honours it (:func:`~stopserve.hooks.protocol.end_output`), and refuse every further
+   tool call of that turn; in ``--mode shadow`` only log what would have been done;
+5. save the state atomically, log one line (also when the call failed or ran out of
+   time: the record then says how far it got).
 
 It fails open: on a timeout (``--timeout``, 0.8 s by default, measured from the
 start of this code; a hard ``SIGALRM`` deadline backs up the socket timeouts), an
@@ -34,18 +38,27 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 import orjson
 
 from stopserve.errors import HookInputError
-from stopserve.hooks.protocol import MAX_INPUT_BYTES, HookInput, block_output, end_output, parse_input
+from stopserve.hooks import DEFAULT_MAX_BLOCKS
+from stopserve.hooks.protocol import (
+    MAX_INPUT_BYTES,
+    HookInput,
+    block_output,
+    end_output,
+    parse_input,
+    refuse_output,
+)
 from stopserve.hooks.state import StateDir
 from stopserve.importers._transcript import TranscriptMapper, read_lines
 
-__all__ = ["ServiceError", "hook_command", "post_json", "run_hook"]
+__all__ = ["Decide", "HookOptions", "ServiceError", "classify_error", "hook_command", "post_json", "run_hook"]
 
 #: events kept for the service while it cannot be reached (the newest win)
 MAX_PENDING: Final = 2000
@@ -69,6 +82,34 @@ _DECISION_KEYS: Final = (
 
 class _DeadlineError(Exception):
     """The call's time is up."""
+
+
+@dataclass(frozen=True)
+class HookOptions:
+    """How the hook decides and answers (the command's options, or the HTTP hook's query)."""
+
+    harness: str
+    mode: str = "enforce"
+    max_blocks: int = DEFAULT_MAX_BLOCKS
+    lam: float | None = None
+    safety: Mapping[str, Any] | None = None
+    end_on_model_stop: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> HookOptions:
+        """The options of ``stopserve hook claude-code|codex``."""
+        return cls(
+            harness=args.harness,
+            mode=args.mode,
+            max_blocks=args.max_blocks,
+            lam=args.lam,
+            safety=args.safety,
+            end_on_model_stop=args.end_on_model_stop,
+        )
+
+
+#: ``(run_id, decide body, seconds left) -> decision`` (raises :class:`ServiceError`)
+Decide = Callable[[str, Mapping[str, Any], float], dict[str, Any]]
 
 
 class ServiceError(Exception):
@@ -129,16 +170,8 @@ def post_json(url: str, path: str, body: Mapping[str, Any], timeout: float) -> t
         return response.status, None
 
 
-def _decide(url: str, run_id: str, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
-    """The service's decision, or :class:`ServiceError` saying why there is none."""
-    try:
-        status, data = post_json(url, f"/v1/runs/{quote(run_id, safe='')}/decide", body, timeout)
-    except TimeoutError:
-        raise ServiceError(f"service at {url} did not answer within {timeout:.2f} s") from None
-    except (OSError, http.client.HTTPException) as exc:
-        raise ServiceError(f"service at {url} unreachable: {exc}") from None
-    if status == 200 and isinstance(data, dict) and data.get("action") in ("continue", "stop"):
-        return data
+def classify_error(status: int, data: Any) -> ServiceError:
+    """The :class:`ServiceError` for an error answer (``status`` and its JSON error body)."""
     error = data.get("error") if isinstance(data, dict) else None
     detail = error.get("message") if isinstance(error, dict) else None
     kind = error.get("type") if isinstance(error, dict) else None
@@ -147,9 +180,26 @@ def _decide(url: str, run_id: str, body: Mapping[str, Any], timeout: float) -> d
         # by the error's type (stopserve.error_table; not imported: the hook stays light)
         why = "the service dropped it (run_evicted)" if kind == "run_evicted" else "its outcome was posted"
         message += f" (the run: {why}; not asking again)"
-        raise ServiceError(message, final=True, closed=why)
+        return ServiceError(message, final=True, closed=why)
     # 4xx: these events will never be taken as they are; 5xx/429: resend them next time
-    raise ServiceError(message, final=400 <= status < 500 and status != 429)
+    return ServiceError(message, final=400 <= status < 500 and status != 429)
+
+
+def http_decide(url: str) -> Decide:
+    """Decide through the service's ``POST /v1/runs/{run_id}/decide`` at ``url``."""
+
+    def decide(run_id: str, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+        try:
+            status, data = post_json(url, f"/v1/runs/{quote(run_id, safe='')}/decide", body, timeout)
+        except TimeoutError:
+            raise ServiceError(f"service at {url} did not answer within {timeout:.2f} s") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise ServiceError(f"service at {url} unreachable: {exc}") from None
+        if status == 200 and isinstance(data, dict) and data.get("action") in ("continue", "stop"):
+            return data
+        raise classify_error(status, data)
+
+    return decide
 
 
 def _mapper_class(harness: str) -> type[TranscriptMapper]:
@@ -179,34 +229,50 @@ def _read_transcript(path: str, st: dict[str, Any], mapper: TranscriptMapper) ->
 
 
 def run_hook(
-    raw: bytes, args: argparse.Namespace, state: StateDir, deadline: float
-) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """One call: ``(answer to print or None, the decision record logged)``."""
-    inp = parse_input(raw, args.harness)
-    record: dict[str, Any] = {
-        "ts": time.time(),
-        "harness": args.harness,
-        "event": inp.event,
-        "session_id": inp.session_id,
-        "run_id": inp.run_id,
-        "mode": args.mode,
-    }
+    raw: bytes,
+    opts: HookOptions,
+    state: StateDir,
+    deadline: float,
+    *,
+    decide: Decide,
+    record: dict[str, Any],
+    read_transcript: bool = True,
+) -> dict[str, Any] | None:
+    """One call: the answer to give (``None``: nothing); ``record`` is filled as it goes.
+
+    ``read_transcript`` False (or a transcript this process cannot read): decide from
+    the hook input alone (what that loses: docs/hooks.md).
+    """
+    inp = parse_input(raw, opts.harness)  # type: ignore[arg-type]
+    record.update(
+        event=inp.event, session_id=inp.session_id, run_id=inp.run_id, mode=opts.mode, turn_key=inp.turn
+    )
+    if inp.tool_name:
+        record["tool"] = inp.tool_name
     if inp.kind == "other":
         record["outcome"] = "ignored"
-        return None, record
+        return None
     with state.lock(inp.run_id, deadline):
         st = state.load(inp.run_id)
         if st is None:
             state.sweep()
             st = {"v": 1, "session_id": inp.session_id, "created": time.time(), "blocks": 0, "pending": []}
         st["log"] = []
-        cls = _mapper_class(args.harness)
-        transcript = inp.transcript
+        cls = _mapper_class(opts.harness)
+        transcript = inp.transcript if read_transcript else None
         mapper = cls.load(st["mapper"]) if isinstance(st.get("mapper"), dict) else cls(agent=inp.agent)
         if transcript and st.get("transcript") not in (None, transcript):
             st["log"].append(f"transcript changed from {st['transcript']}; reading {transcript} anew")
             st["offset"] = 0
-        events = _read_transcript(transcript, st, mapper) if transcript else []
+        events: list[dict[str, Any]] = []
+        if transcript and os.access(transcript, os.R_OK):
+            events = _read_transcript(transcript, st, mapper)
+        elif inp.transcript:
+            record["transcript"] = "unread"
+            if not st.get("unread_noted"):
+                why = "not asked to" if not read_transcript else "cannot read it here"
+                st["log"].append(f"transcript {inp.transcript}: {why}; deciding from the hook input alone")
+                st["unread_noted"] = True
         st["transcript"] = transcript
         now = time.time()
         if inp.kind == "tool" and inp.tool_use_id and inp.tool_name:
@@ -236,13 +302,13 @@ def run_hook(
         else:
             body: dict[str, Any] = {"events": pending, "proposed_stop": inp.kind == "stop"}
             if not st.get("started"):
-                body.update(task_id=inp.session_id, system=args.harness, topology="harness")
-            if args.lam is not None:
-                body["lambda"] = args.lam
-            if args.safety is not None:
-                body["safety"] = args.safety
+                body.update(task_id=inp.session_id, system=opts.harness, topology="harness")
+            if opts.lam is not None:
+                body["lambda"] = opts.lam
+            if opts.safety is not None:
+                body["safety"] = opts.safety
             try:
-                decision = _decide(args.url, inp.run_id, body, deadline - time.monotonic())
+                decision = decide(inp.run_id, body, deadline - time.monotonic())
                 pending = []
                 st["started"] = True
             except ServiceError as exc:
@@ -253,42 +319,60 @@ def run_hook(
                 if exc.closed:
                     st["closed"] = exc.closed
         st["pending"] = pending
-        if decision is not None:
-            answer = _answer(inp, decision, mapper, st=st, args=args, record=record)
+        answer = _answer(inp, decision, mapper, st=st, opts=opts, record=record)
         st["mapper"] = mapper.dump()
         st["updated"] = time.time()
         notes = st.pop("log")
         state.save(inp.run_id, st)
     for note in notes:
-        state.log(f"{args.harness} {inp.event} run={inp.run_id}: {note}")
-    return answer, record
+        state.log(f"{opts.harness} {inp.event} run={inp.run_id}: {note}")
+    return answer
 
 
 def _answer(
     inp: HookInput,
-    decision: dict[str, Any],
+    decision: dict[str, Any] | None,
     mapper: TranscriptMapper,
     *,
     st: dict[str, Any],
-    args: argparse.Namespace,
+    opts: HookOptions,
     record: dict[str, Any],
 ) -> dict[str, Any] | None:
-    """What to print for this decision (``None``: nothing), and the record of it."""
+    """What to give for this decision (``None``: nothing), and the record of it.
+
+    A run ended in this turn stays ended: every further tool call of the turn is
+    refused (Codex reads ``continue: false`` from no tool hook; Claude Code not from
+    ``PostToolUseFailure``), and its ``Stop`` is let through.
+    """
     from stopserve.hooks.reason import block_reason, end_reason
 
-    record.update({k: decision.get(k) for k in _DECISION_KEYS})
-    shadow = args.mode == "shadow"
+    if decision is not None:
+        record.update({k: decision.get(k) for k in _DECISION_KEYS})
+    shadow = opts.mode == "shadow"
+    ended = st.get("ended")
+    ended_here = isinstance(ended, dict) and (ended.get("turn") == inp.turn or inp.turn is None)
     if inp.kind == "stop":
+        if ended_here:
+            st.pop("ended", None)
+            st["blocks"] = 0
+            record["outcome"] = "allow (run ended this turn)"
+            return None
+        if not inp.stop_hook_active:
+            st.pop("ended", None)
+        if decision is None:
+            return None
         if decision["action"] == "stop":
             st["blocks"] = 0
             record["outcome"] = "allow"
             return None
         blocks = int(st.get("blocks") or 0)
-        if blocks >= args.max_blocks:
+        if blocks >= opts.max_blocks:
             record["outcome"] = "allow (block cap reached)"
             record["would_block"] = True
             return None
-        reason = block_reason(decision, mapper.facts, blocks_left=args.max_blocks - blocks - 1)
+        reason = block_reason(
+            decision, mapper.facts, blocks_left=opts.max_blocks - blocks - 1, safety=opts.safety
+        )
         record.update(would_block=True, reason_text=reason)
         if shadow:
             record["outcome"] = "would block"
@@ -296,16 +380,27 @@ def _answer(
         st["blocks"] = blocks + 1
         record["outcome"] = "block"
         return block_output(reason)
-    if decision["action"] != "stop" or not (decision.get("safety_net") or args.end_on_model_stop):
+    if ended_here and not shadow:
+        assert isinstance(ended, dict)
+        reason = str(ended.get("reason") or "stopserve ended this run")
+        record.update(would_end=True, reason_text=reason, outcome="refuse (run ended this turn)")
+        if inp.event == "PreToolUse":
+            ended["refused"] = int(ended.get("refused") or 0) + 1
+            return end_output(inp, reason) if inp.harness == "claude-code" else refuse_output(reason)
+        return end_output(inp, reason)
+    if decision is None:
+        return None
+    if decision["action"] != "stop" or not (decision.get("safety_net") or opts.end_on_model_stop):
         record["outcome"] = "continue"
         return None
-    reason = end_reason(decision, mapper.facts)
+    reason = end_reason(decision, mapper.facts, harness=inp.harness)
     record.update(would_end=True, reason_text=reason)
     if shadow:
         record["outcome"] = "would end"
         return None
+    st["ended"] = {"turn": inp.turn, "reason": reason, "at": inp.event}
     record["outcome"] = "end"
-    return end_output(reason)
+    return end_output(inp, reason)
 
 
 def hook_command(args: argparse.Namespace) -> int:
@@ -325,7 +420,8 @@ def hook_command(args: argparse.Namespace) -> int:
     try:
         with _hard_deadline(args.timeout):
             raw = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
-            answer, record = run_hook(raw, args, state, deadline)
+            opts = HookOptions.from_args(args)
+            answer = run_hook(raw, opts, state, deadline, decide=http_decide(args.url), record=record)
     except _DeadlineError as exc:
         answer, record["error"] = None, f"timeout: {exc}"
     except HookInputError as exc:
@@ -336,9 +432,7 @@ def hook_command(args: argparse.Namespace) -> int:
         answer, record["error"] = None, f"{type(exc).__name__}: {exc}"
         with contextlib.suppress(Exception):
             state.log("traceback: " + traceback.format_exc().replace("\n", "\n  "))
-    record["ms"] = round((time.monotonic() - start) * 1000, 1)
-    with contextlib.suppress(Exception):
-        _log(state, record)
+    finish(state, record, start)
     if "error" in record:
         with contextlib.suppress(Exception):
             print(f"stopserve hook: {record['error']}; the agent may stop", file=sys.stderr)
@@ -348,14 +442,24 @@ def hook_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def finish(state: StateDir, record: dict[str, Any], start: float) -> None:
+    """Time the call and log it (never raises: logging must not fail a call)."""
+    record["ms"] = round((time.monotonic() - start) * 1000, 1)
+    if "error" in record and "outcome" not in record:
+        record["outcome"] = "failed open"
+    with contextlib.suppress(Exception):
+        _log(state, record)
+
+
 def _log(state: StateDir, record: dict[str, Any]) -> None:
     where = f"run={record.get('run_id', '?')}"
-    what = record.get("outcome") or ("error" if "error" in record else "-")
+    what = record.get("outcome") or "-"
     extra = f" action={record['action']}" if "action" in record else ""
     if record.get("safety_net"):
         extra += f" net={record['safety_net']}"
     error = f" error: {record['error']}" if "error" in record else ""
     event = record.get("event", "?")
     state.log(f"{record['harness']} {event} {where}{extra} -> {what} ({record['ms']} ms){error}")
-    if record.get("event") is not None and record.get("outcome") != "ignored":
+    # every call the hook answered or failed on, also one that ran out of time before knowing its run
+    if record.get("outcome") != "ignored":
         state.append("decisions.jsonl", record)

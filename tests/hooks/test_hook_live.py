@@ -319,10 +319,16 @@ def test_codex_stop_and_loop(server: LiveServer, tmp_path: Path, state: Path) ->
             run_hook("codex", s.post_tool(f"call_{i}", "cargo test", out), url=server.url, state=state).answer
         )
     ended = next(a for a in answers if a is not None)
-    # exit code 101 each time: the same failing call, three times in a row
-    assert answers.index(ended) == 2 and ended["continue"] is False
-    assert "the same call failed again and again (last: Bash: cargo test)" in ended["stopReason"]
+    # exit code 101 each time: the same failing call, three times in a row. Codex acts on no
+    # `continue: false` from a tool hook: the model is told (the reason replaces the output)
+    assert answers.index(ended) == 2 and ended["decision"] == "block"
+    assert "the same call failed again and again (last: Bash: cargo test)" in ended["reason"]
+    assert "Do not call more tools" in ended["reason"]
     assert records(state)[3]["pattern"] == "repeated_action_error"
+    # and every further tool call of the turn is refused before it runs
+    s.shell_call("call_9", "ls")
+    refused = run_hook("codex", s.pre_tool("call_9", "ls"), url=server.url, state=state).answer
+    assert refused is not None and refused["hookSpecificOutput"]["permissionDecision"] == "deny"
 
 
 def test_a_run_the_service_dropped_is_told_apart_from_a_closed_one(tmp_path: Path, state: Path) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -26,7 +27,7 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["LOG_MAX_BYTES", "RUN_TTL_DAYS", "StateDir", "default_state_dir"]
+__all__ = ["LOG_MAX_BYTES", "RUN_TTL_DAYS", "StateDir", "default_state_dir", "replace_file"]
 
 LOG_MAX_BYTES: Final = 32 * 1024 * 1024
 RUN_TTL_DAYS: Final = 30
@@ -157,3 +158,33 @@ class StateDir:
                     continue
                 if isinstance(obj, dict):
                     yield obj
+
+
+def replace_file(path: Path, data: bytes) -> Path | None:
+    """Write ``data`` to ``path`` atomically, after copying the old file to a backup (returned).
+
+    The backup is ``<file>.<UTC time>.stopserve.bak`` beside it, with the old file's mode
+    kept on the new one; a settings file a harness reads is never seen half-written.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    backup = None
+    if path.exists():
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        backup = path.with_name(f"{path.name}.{stamp}.stopserve.bak")
+        n = 1
+        while backup.exists():
+            n += 1
+            backup = path.with_name(f"{path.name}.{stamp}-{n}.stopserve.bak")
+        shutil.copy2(path, backup)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        if backup is not None:
+            shutil.copymode(backup, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return backup

@@ -28,9 +28,10 @@ What each harness does with an answer (stdout, exit code 0), as observed:
 * ``systemMessage``: Claude Code shows it to the user (in ``stream-json`` a ``system``
   message of subtype ``informational``); ``codex exec`` shows it nowhere.
 
-So a run is ended where each harness allows it (:func:`end_output`): Claude Code from
-``PreToolUse`` and ``PostToolUse``; Codex by telling the model from ``PostToolUse`` and
-refusing every further tool call of the turn from ``PreToolUse``, which brings the
+So a run is ended where each harness allows it (:func:`end_output`): after a call the
+model is told to report and finish (``decision: block``), and from then on every tool
+call of the turn is refused from ``PreToolUse`` -- in Claude Code with ``continue:
+false``, which ends the turn and shows the user why; in Codex the refusals bring the
 turn to its ``Stop``. Exit code 2 would block (both harnesses read it so); the hook
 never uses it, so an error can never hold an agent back.
 """
@@ -218,21 +219,25 @@ def block_output(reason: str) -> dict[str, Any]:
 
 
 def end_output(inp: HookInput, reason: str) -> dict[str, Any]:
-    """End the run from a tool hook, the way this harness honours it (see the module table).
+    """End the run from a tool hook, the way this harness honours it (see the module docstring).
 
-    Claude Code: ``continue: false`` (from ``PreToolUse`` with the call denied too), the
-    reason as ``stopReason`` and ``systemMessage`` (which the user sees). Codex: the
-    reason replaces the output the model sees (``PostToolUse``) or the call is refused
-    (``PreToolUse``); the hook refuses every further call of the turn.
+    ``PreToolUse``: the call is refused; in Claude Code also ``continue: false`` (the turn
+    ends) with the reason as ``stopReason`` and ``systemMessage`` (the user is shown it).
+    After a call (``PostToolUse``, ``PostToolUseFailure``): ``decision: block``, the reason
+    to the model, which is told to report and finish; its next call is refused. (Claude
+    Code's ``continue: false`` there would end the turn one model call sooner, but shows
+    the user nothing in ``claude -p``; from ``PostToolUseFailure`` it is not acted on.)
     """
-    if inp.harness == "codex":
-        if inp.event == "PreToolUse":
-            return refuse_output(reason)
+    if inp.event != "PreToolUse":
         return {"decision": "block", "reason": reason}
-    out: dict[str, Any] = {"continue": False, "stopReason": reason, "systemMessage": reason}
-    if inp.event == "PreToolUse":
-        out["hookSpecificOutput"] = _deny(reason)
-    return out
+    if inp.harness == "codex":
+        return refuse_output(reason)
+    return {
+        "continue": False,
+        "stopReason": reason,
+        "systemMessage": reason,
+        "hookSpecificOutput": _deny(reason),
+    }
 
 
 def refuse_output(reason: str) -> dict[str, Any]:

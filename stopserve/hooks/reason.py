@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from stopserve.importers._transcript import Facts
 
-__all__ = ["block_reason", "end_reason"]
+__all__ = ["block_reason", "end_reason", "end_text", "fired"]
 
 _PATTERNS: Final = {
     "repeated_action_observation": "the same call returned the same output again and again",
@@ -114,22 +114,34 @@ def block_reason(
     )
 
 
-def end_reason(decision: Mapping[str, Any], facts: Facts, *, harness: str = "claude-code") -> str:
-    """The reason a tool hook gives when it ends the run (the user and the model read it).
-
-    Claude Code ends the turn itself; in Codex the hook can only refuse further tool
-    calls, so the text tells the model to report and finish.
-    """
-    what = _what_fired(decision, facts)
-    if harness == "codex":
-        return (
-            f"stopserve stopped this turn: {what}. Do not call more tools: tell the user what you "
-            "found and what is in the way, then finish (stopserve refuses further tool calls this turn)."
-        )
-    advice = (
-        " Try a different approach, or ask the user." if decision.get("reason") == "loop_detected" else ""
+def end_reason(
+    decision: Mapping[str, Any], facts: Facts, *, harness: str = "claude-code", event: str = "PreToolUse"
+) -> str:
+    """The reason a tool hook gives when the run is to end (the model and the user read it)."""
+    return end_text(
+        fired(decision, facts), harness=harness, event=event, loop=decision.get("reason") == "loop_detected"
     )
-    return f"stopserve ended the run: {what}.{advice}"
+
+
+def end_text(what: str, *, harness: str, event: str, loop: bool = False) -> str:
+    """The end reason for ``what`` fired, worded for what the answer does there.
+
+    Claude Code's ``PreToolUse`` ends the run (the user is shown the text); elsewhere the
+    hook can only tell the model and refuse its next calls, so the text asks it to report
+    and finish.
+    """
+    if harness == "claude-code" and event == "PreToolUse":
+        advice = " Try a different approach, or ask the user." if loop else ""
+        return f"stopserve ended the run: {what}.{advice}"
+    return (
+        f"stopserve stopped this turn: {what}. Do not call more tools: tell the user what you "
+        "found and what is in the way, then finish (stopserve refuses further tool calls this turn)."
+    )
+
+
+def fired(decision: Mapping[str, Any], facts: Facts) -> str:
+    """What made the service stop the run, in words (with the loop's pattern and last call)."""
+    return _what_fired(decision, facts)
 
 
 def _what_fired(decision: Mapping[str, Any], facts: Facts) -> str:

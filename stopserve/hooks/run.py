@@ -53,7 +53,6 @@ from stopserve.hooks.protocol import (
     block_output,
     end_output,
     parse_input,
-    refuse_output,
 )
 from stopserve.hooks.state import StateDir
 from stopserve.importers._transcript import TranscriptMapper, read_lines
@@ -344,7 +343,7 @@ def _answer(
     refused (Codex reads ``continue: false`` from no tool hook; Claude Code not from
     ``PostToolUseFailure``), and its ``Stop`` is let through.
     """
-    from stopserve.hooks.reason import block_reason, end_reason
+    from stopserve.hooks.reason import block_reason, end_text, fired
 
     if decision is not None:
         record.update({k: decision.get(k) for k in _DECISION_KEYS})
@@ -382,23 +381,24 @@ def _answer(
         return block_output(reason)
     if ended_here and not shadow:
         assert isinstance(ended, dict)
-        reason = str(ended.get("reason") or "stopserve ended this run")
+        what = str(ended.get("what") or "the run was stopped")
+        reason = end_text(what, harness=inp.harness, event=inp.event, loop=bool(ended.get("loop")))
         record.update(would_end=True, reason_text=reason, outcome="refuse (run ended this turn)")
-        if inp.event == "PreToolUse":
-            ended["refused"] = int(ended.get("refused") or 0) + 1
-            return end_output(inp, reason) if inp.harness == "claude-code" else refuse_output(reason)
+        ended["refused"] = int(ended.get("refused") or 0) + 1
         return end_output(inp, reason)
     if decision is None:
         return None
     if decision["action"] != "stop" or not (decision.get("safety_net") or opts.end_on_model_stop):
         record["outcome"] = "continue"
         return None
-    reason = end_reason(decision, mapper.facts, harness=inp.harness)
+    what = fired(decision, mapper.facts)
+    loop = decision.get("reason") == "loop_detected"
+    reason = end_text(what, harness=inp.harness, event=inp.event, loop=loop)
     record.update(would_end=True, reason_text=reason)
     if shadow:
         record["outcome"] = "would end"
         return None
-    st["ended"] = {"turn": inp.turn, "reason": reason, "at": inp.event}
+    st["ended"] = {"turn": inp.turn, "what": what, "loop": loop, "at": inp.event}
     record["outcome"] = "end"
     return end_output(inp, reason)
 

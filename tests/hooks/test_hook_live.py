@@ -117,13 +117,20 @@ def test_a_looping_run_is_ended_from_a_tool_hook(server: LiveServer, tmp_path: P
         if not i % 2:
             s.result(call_id, response)
     assert [a.answer is None for a in answers[:3]] == [True, True, True]
-    ended = answers[3].answer
-    assert ended is not None and ended["continue"] is False
-    assert "loop detected" in ended["stopReason"] and "pytest -x tests/test_io.py" in ended["stopReason"]
+    told = answers[3].answer  # after the call: the model is told to report and finish
+    assert told is not None and told["decision"] == "block"
+    assert "loop detected" in told["reason"] and "pytest -x tests/test_io.py" in told["reason"]
+    assert "Do not call more tools" in told["reason"]
     last = records(state)[3]
     assert (last["safety_net"], last["pattern"]) == ("loop_detector", "repeated_action_observation")
     # each call counted once although it was seen twice (hook input and transcript)
     assert last["turn"] == 4
+    # its next call is refused and the turn ended (Claude Code: continue false), the user told why
+    s.call("toolu_loop9", "Bash", command)
+    ended = run_hook("claude-code", s.pre_tool("toolu_loop9", "Bash", command), url=server.url, state=state)
+    assert ended.answer is not None and ended.answer["continue"] is False
+    assert ended.answer["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert ended.answer["systemMessage"].startswith("stopserve ended the run: loop detected")
 
 
 def test_server_down_lets_the_agent_stop_within_the_timeout(tmp_path: Path, state: Path) -> None:

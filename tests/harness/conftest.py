@@ -59,9 +59,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def strict_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """``--no-model`` with ``min_turns`` 4: a stop after fewer steps is refused (a team that wants
+    """``--no-model`` with ``min_turns`` 3: a stop after fewer steps is refused (a team that wants
     every change checked before the agent finishes)."""
     logs = tmp_path_factory.mktemp("strict")
-    env = {"STOPSERVE_SAFETY": '{"min_turns": 4}', "STOPSERVE_HOOK_STATE_DIR": str(logs / "hook-state")}
+    env = {"STOPSERVE_SAFETY": '{"min_turns": 3}', "STOPSERVE_HOOK_STATE_DIR": str(logs / "hook-state")}
     with LiveServer(log_dir=logs, no_model=True, env=env) as live:
         yield live

@@ -9,6 +9,7 @@ model does when a hook tells it to stop calling tools.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,7 +58,7 @@ def verify_then_stop(view: View) -> Step:
     )
     if not view.results:
         if view.api == "responses":
-            return _shell(view.api, "printf 'def add(a, b):\\n    return a + b\\n' > app.py")
+            return Tool("apply_patch", {"patch": PATCH})
         return Tool("Write", {"file_path": "app.py", "content": "def add(a, b):\n    return a + b\n"})
     if not told:
         return Say("Done: app.py has add().")
@@ -65,8 +66,12 @@ def verify_then_stop(view: View) -> Step:
         test = (
             "printf 'from app import add\\n\\ndef test_add():\\n    assert add(1, 2) == 3\\n' > test_app.py"
         )
-        return _shell(view.api, f"{test} && python -m pytest -q -p no:cacheprovider test_app.py")
+        # this Python: the harness's shell is a login shell, whose PATH may have none with pytest
+        return _shell(view.api, f"{test} && {sys.executable} -m pytest -q -p no:cacheprovider test_app.py")
     return Say("Done: app.py has add(), and its test passes (1 passed).")
+
+
+PATCH = "*** Begin Patch\n*** Add File: app.py\n+def add(a, b):\n+    return a + b\n*** End Patch\n"
 
 
 SUBTASK = "SUBTASK: list the files here"

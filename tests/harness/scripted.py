@@ -31,7 +31,10 @@ __all__ = ["ModelServer", "Say", "Step", "Tool", "View"]
 
 @dataclass(frozen=True)
 class Tool:
-    """Call one tool (``name`` as the harness names it: ``Bash``, ``exec_command``, ...)."""
+    """Call one tool (``name`` as the harness names it: ``Bash``, ``exec_command``, ...).
+
+    Codex's ``apply_patch`` is a freeform tool: its ``input`` is ``{"patch": "*** Begin Patch ..."}``.
+    """
 
     name: str
     input: dict[str, Any]
@@ -280,8 +283,17 @@ class _Handler(BaseHTTPRequestHandler):
         step = self._step(responses_view(body))
         n = next(self.server.ids)
         rid = f"resp_{n:06d}"
-        if isinstance(step, Tool):
+        if isinstance(step, Tool) and step.name == "apply_patch":  # Codex's freeform tool
             item: dict[str, Any] = {
+                "type": "custom_tool_call",
+                "id": f"ctc_{n:06d}",
+                "call_id": f"call_{n:06d}",
+                "name": step.name,
+                "input": step.input["patch"],
+                "status": "completed",
+            }
+        elif isinstance(step, Tool):
+            item = {
                 "type": "function_call",
                 "id": f"fc_{n:06d}",
                 "call_id": f"call_{n:06d}",

@@ -78,7 +78,7 @@ def test_a_premature_stop_is_blocked_then_let_through(
     reason = stops[0]["reason_text"]
     assert "files were edited" in reason and "run the tests" in reason, reason
     assert "before the minimum" in reason and "quality" not in reason  # item 6: min_turns, said so
-    assert stops[-1]["outcome"].startswith("allow"), stops
+    assert stops[-1]["outcome"] == "allow", stops  # by the service: min_turns reached
     assert any(isinstance(s, Tool) and "pytest" in str(s.input) for s in run.steps)
 
 

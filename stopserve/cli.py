@@ -369,6 +369,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _hook_parser(harness: str) -> argparse.ArgumentParser:
+    """The parser of ``stopserve hook <harness>`` alone (what :func:`build_parser` has for it)."""
+    p = _Parser(
+        prog=f"stopserve hook {harness}", description=f"the {harness} hook itself: hook input JSON on stdin"
+    )
+    _hook_options(p)
+    _hook_decision_options(p, install=False)
+    p.set_defaults(command="hook", hook_action=harness, harness=harness)
+    return p
+
+
 def _hook_decision_options(p: argparse.ArgumentParser, *, install: bool) -> None:
     """How the hook decides: options of the hook itself and of ``hook install`` (no defaults there:
     what is not given is not written into the installed command)."""
@@ -538,7 +549,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``stopserve`` console script."""
     words = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(words)
+        if words[:1] == ["hook"] and words[1:2] and words[1] in HARNESSES:
+            # the hook itself runs once per tool call: its own parser, not all of them (~10 ms)
+            args = _hook_parser(words[1]).parse_args(words[2:])
+        else:
+            args = build_parser().parse_args(words)
     except SystemExit as exc:
         harness = _hook_call(words)
         if exc.code == 2 and harness is not None:

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import os
 import signal
+import socket
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -142,25 +141,97 @@ def _hard_deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+#: the most of an answer the hook reads
+MAX_ANSWER_BYTES: Final = 4 * 1024 * 1024
+
+
+class HTTPError(OSError):
+    """The service's answer was not HTTP the hook can read."""
+
+
 def post_json(url: str, path: str, body: Mapping[str, Any], timeout: float) -> tuple[int, Any]:
     """POST ``body`` as JSON to ``url`` + ``path``: ``(status, parsed JSON or None)``.
 
-    Raises ``OSError`` (refused, reset, timed out) or ``http.client.HTTPException``.
+    Raises ``OSError`` (refused, reset, timed out, an answer that is not HTTP). Plain
+    ``http://`` is spoken over a socket here: ``http.client`` costs the hook process
+    18 ms of imports (``email``, ``ssl``) on every call (bench/bench_hook.py);
+    ``https://`` goes through ``http.client``.
     """
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"--url must be http(s)://host[:port], got {url!r}")
-    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(parts.hostname, parts.port, timeout=max(timeout, 0.001))
+    data = orjson.dumps(body)
+    target = parts.path.rstrip("/") + path
+    if parts.scheme == "https":
+        return _post_https(parts.hostname, parts.port, target, data, timeout)
+    host = parts.hostname
+    head = (
+        f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\ncontent-type: application/json\r\n"
+        f"accept: application/json\r\ncontent-length: {len(data)}\r\nconnection: close\r\n\r\n"
+    )
+    with socket.create_connection((host, parts.port or 80), timeout=max(timeout, 0.001)) as sock:
+        sock.sendall(head.encode("latin-1") + data)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_ANSWER_BYTES:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    status, raw = _parse_answer(b"".join(chunks))
+    try:
+        return status, orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return status, None
+
+
+def _parse_answer(raw: bytes) -> tuple[int, bytes]:
+    """``(status, body)`` of a whole HTTP/1.1 answer (the server closed the connection)."""
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status_line = lines[0].split(b" ", 2)
+    if (
+        not sep
+        or len(status_line) < 2
+        or not status_line[0].startswith(b"HTTP/")
+        or not status_line[1].isdigit()
+    ):
+        raise HTTPError(f"not an HTTP answer: {raw[:80]!r}")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+        out, rest = [], body
+        while rest:
+            size_line, _, rest = rest.partition(b"\r\n")
+            n = int(size_line.split(b";")[0] or b"0", 16)
+            if n == 0:
+                break
+            out.append(rest[:n])
+            rest = rest[n + 2 :]
+        body = b"".join(out)
+    elif b"content-length" in headers:
+        body = body[: int(headers[b"content-length"])]
+    return int(status_line[1]), body
+
+
+def _post_https(host: str, port: int | None, target: str, data: bytes, timeout: float) -> tuple[int, Any]:
+    import http.client
+
+    conn = http.client.HTTPSConnection(host, port, timeout=max(timeout, 0.001))
     try:
         conn.request(
             "POST",
-            parts.path.rstrip("/") + path,
-            body=orjson.dumps(body),
+            target,
+            body=data,
             headers={"content-type": "application/json", "accept": "application/json"},
         )
         response = conn.getresponse()
-        raw = response.read(4 * 1024 * 1024)
+        raw = response.read(MAX_ANSWER_BYTES)
+    except http.client.HTTPException as exc:
+        raise HTTPError(f"not an HTTP answer: {exc}") from None
     finally:
         conn.close()
     try:
@@ -192,7 +263,7 @@ def http_decide(url: str) -> Decide:
             status, data = post_json(url, f"/v1/runs/{quote(run_id, safe='')}/decide", body, timeout)
         except TimeoutError:
             raise ServiceError(f"service at {url} did not answer within {timeout:.2f} s") from None
-        except (OSError, http.client.HTTPException) as exc:
+        except OSError as exc:
             raise ServiceError(f"service at {url} unreachable: {exc}") from None
         if status == 200 and isinstance(data, dict) and data.get("action") in ("continue", "stop"):
             return data
@@ -431,6 +502,8 @@ def hook_command(args: argparse.Namespace) -> int:
     except Exception as exc:  # fail open: nothing may keep the agent from stopping
         answer, record["error"] = None, f"{type(exc).__name__}: {exc}"
         with contextlib.suppress(Exception):
+            import traceback  # only on this path: the hook's imports are its cost
+
             state.log("traceback: " + traceback.format_exc().replace("\n", "\n  "))
     finish(state, record, start)
     if "error" in record:

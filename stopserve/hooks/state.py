@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -97,7 +95,9 @@ class StateDir:
         """Write the run's state atomically: a reader sees the old state or the new one."""
         self.runs.mkdir(parents=True, exist_ok=True)
         path = self._file(run_id, ".json")
-        fd, tmp = tempfile.mkstemp(dir=self.runs, prefix=".tmp-", suffix=".json")
+        # a name of this process's own (tempfile costs the hook process its import)
+        tmp = str(self.runs / f".tmp-{os.getpid()}-{time.monotonic_ns()}.json")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(orjson.dumps(data))
@@ -166,6 +166,9 @@ def replace_file(path: Path, data: bytes) -> Path | None:
     The backup is ``<file>.<UTC time>.stopserve.bak`` beside it, with the old file's mode
     kept on the new one; a settings file a harness reads is never seen half-written.
     """
+    import shutil
+    import tempfile
+
     path.parent.mkdir(parents=True, exist_ok=True)
     backup = None
     if path.exists():

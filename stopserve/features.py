@@ -287,6 +287,7 @@ class RunState:
         "_primary_channel",
         "_proposal_open",
         "_proposals",
+        "_quiet",
         "_ref_counts",
         "_ref_window",
         "_refs_recent",
@@ -301,6 +302,8 @@ class RunState:
         "_seen_window",
         "_sig_pos",
         "_sigs",
+        "_step_new",
+        "_step_refs",
         "_tokens",
         "_tokens_at_turn",
         "_tokens_last_turn",
@@ -403,6 +406,11 @@ class RunState:
         self._rejected = 0
         # the turn of the latest result (return or aggregate) whose content had not been seen
         self._last_new_result_turn: int | None = None
+        # stall evidence (stopserve.evidence): did the step in progress carry content, new content;
+        # agent steps in a row whose content was all seen before (a step with no content resets it)
+        self._step_refs = False
+        self._step_new = False
+        self._quiet = 0
 
     # ------------------------------------------------------------------ folding
 
@@ -506,6 +514,9 @@ class RunState:
             seen_before = counts.pop(ref, 0)
             counts[ref] = seen_before + 1
             new_result = not seen_before and kind in {"return", "aggregate"}
+            self._step_refs = True
+            if not seen_before:
+                self._step_new = True
             if len(counts) > self._ref_window << 1:
                 self._ref_counts = dict(list(counts.items())[-self._ref_window :])
             self._last_ref = ref
@@ -594,7 +605,9 @@ class RunState:
             if ref is not None:
                 self._consensus_update(agent, ref)
         elif kind == "reward":
+            # a decision point, but not an agent step: a reward never counts as a turn
             self._reward(event)
+            return True
         elif kind == "stop":
             if not event.proposed:
                 return True
@@ -612,9 +625,11 @@ class RunState:
             # an answer repeating the previous one is a stuck round: no evidence on the ceiling
             self._agg_repeat = ref is not None and ref == self._agg_ref
             self._agg_ref = ref
-        # a decision point follows this event (stopserve.trace.is_decision_point)
+        # an agent step ends with this event (a decision point follows it: stopserve.trace.is_decision_point)
         if new_result:
             self._last_new_result_turn = self._turn + 1
+        self._quiet = self._quiet + 1 if self._step_refs and not self._step_new else 0
+        self._step_refs = self._step_new = False
         self._turn += 1
         tokens = self._tokens
         self._tokens_last_turn = tokens - self._tokens_at_turn
@@ -724,7 +739,7 @@ class RunState:
         self._improving_run = self._improving_run + 1 if prev is not None and value > prev else 0
         if self._best is None or value > self._best:
             self._best = value
-            self._best_turn = self._turn + 1
+            self._best_turn = self._turn
             self._best_tokens = self._tokens
             self._at_best = 0
         elif value == self._best and self._prev_reward == value and not self._agg_repeat:
@@ -841,7 +856,11 @@ class RunState:
 
     @property
     def turn(self) -> int:
-        """Decision points folded so far."""
+        """Agent steps folded so far: ``return``, ``aggregate`` and proposed ``stop`` events.
+
+        A step is a tool call with its result, an agent's reply handed back, a combined
+        answer or a proposed stop; a ``reward`` (a decision point, but bookkeeping) is not one.
+        """
         return self._turn
 
     @property
@@ -868,6 +887,19 @@ class RunState:
     def best_reward(self) -> float | None:
         """Best reward so far on the primary channel, or ``None``."""
         return self._best
+
+    @property
+    def steps_since_new_content(self) -> int:
+        """Agent steps in a row whose content (commands, outputs, messages) had all been seen before.
+
+        A step that carried no content ref resets it: unknown content is no evidence of a stall.
+        """
+        return self._quiet
+
+    @property
+    def steps_since_best_reward(self) -> int | None:
+        """Agent steps since the primary channel's best reward (``None`` before any reward)."""
+        return None if self._best is None else self._turn - self._best_turn
 
     def latest_reward_on(self, channel: str | None = None) -> float | None:
         """Latest reward on ``channel`` (``None``: the primary channel)."""
@@ -1002,7 +1034,7 @@ _LOOP_RUN: Final[dict[str, Callable[[RunState], int]]] = {
 
 #: The header of :meth:`RunState.to_bytes`; a change of what a slot means bumps the version.
 STATE_FORMAT: Final = "stopserve.runstate"
-STATE_VERSION: Final = 1
+STATE_VERSION: Final = 2  # 2: a reward no longer counts as a turn
 _STATE_SLOTS: Final[tuple[str, ...]] = RunState.__slots__
 
 

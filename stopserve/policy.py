@@ -3,17 +3,21 @@
 :meth:`Policy.decide` answers continue or stop after the events folded into a
 :class:`~stopserve.features.RunState`, in this order:
 
-1. **Safety nets** (:class:`~stopserve.safety.SafetyConfig`: budgets, the loop
-   detector, ``quality_met``) fire first and always win. Before the nets'
-   ``min_turns`` nothing else may stop the run.
-2. **The base rule**: a tuned heuristic (turn cap, cost cap, reward threshold, loop
-   detector, or their combination, stated as a ``SafetyConfig``), and a proposed stop
-   from the orchestrator, say stop. The model can overrule them only where it expects
-   continuing to pay by more than the ``continue`` margin.
-3. **The model** stops a run the base rule lets go on where the value of continuing is
-   below minus the ``stop`` margin (and the run is past the model's ``min_turns``).
+1. **Nets** (the budgets of the :class:`~stopserve.safety.SafetyConfig` in force, and the
+   run's own budget) fire first and always win.
+2. **Rules**: the config's loop detector and ``quality_met`` (the quality target), the
+   policy's **base rule** (a tuned heuristic: turn cap, cost cap, reward threshold, stated
+   as a ``SafetyConfig``) and a proposed stop from the orchestrator (unless the policy
+   refuses proposals) say stop. A learned model overrules a rule whose kind its manifest
+   lists in ``overrules`` (``loop``, ``quality_met``, ``rule``, ``proposed``) where it
+   expects continuing to pay by more than the ``continue`` margin. Before the config's
+   ``min_turns`` only budgets and the loop detector may stop a run.
+3. **The model** stops a run no rule stops where the value of continuing is below minus
+   the ``stop`` margin (and the run is past the model's ``min_turns``; for a model whose
+   manifest says ``"stop_on": "evidence"``, only where the run itself shows a stall:
+   :func:`stopserve.evidence.stall`).
 
-With both margins infinite the policy IS its base rule: the policy class contains every
+With both margins infinite the policy IS its rules: the policy class contains every
 heuristic the trainer tunes, so a learned policy can always fall back to the rule it
 could have been (``docs/training.md``).
 
@@ -53,9 +57,10 @@ import numpy.typing as npt
 
 from stopserve.artifacts import ModelArtifact, load_model_dir
 from stopserve.errors import ConfigError, ModelIntegrityError
+from stopserve.evidence import Evidence, stall
 from stopserve.features import FEATURE_NAMES, RunState
 from stopserve.inference import Forest
-from stopserve.safety import DEFAULT_SAFETY, SafetyConfig, SafetyStop
+from stopserve.safety import BUDGET_NETS, DEFAULT_SAFETY, SafetyConfig, SafetyStop
 
 __all__ = ["Policy", "StopDecision", "cost_so_far", "cost_weight"]
 
@@ -65,6 +70,12 @@ FloatArray = npt.NDArray[np.float64]
 MODEL_STOP_REASON: Final = "no_progress"
 #: The reason when the orchestrator proposed the stop and the policy accepted it.
 PROPOSED_STOP_REASON: Final = "information_complete"
+#: Kinds of rule a learned model may overrule (manifest ``overrules``): the safety config's
+#: loop detector and ``quality_met``, the policy's base rule, the orchestrator's proposed stop.
+RULE_KINDS: Final[tuple[str, ...]] = ("loop", "quality_met", "rule", "proposed")
+#: What a manifest without ``overrules`` may overrule (models trained before the nets/rules
+#: split: their loop detector and ``quality_met`` always won).
+LEGACY_OVERRULES: Final = frozenset({"rule", "proposed"})
 #: Boosters each method reads (only these are evaluated per decision).
 METHOD_MODELS: Final[dict[str, tuple[str, ...]]] = {"behavior": ("g", "k"), "optimal": ("c", "s", "k")}
 
@@ -74,11 +85,13 @@ class StopDecision:
     """One continue-or-stop answer.
 
     ``propensity`` is the probability with which ``action`` was chosen (below 1
-    only under ε-exploration), ``safety_net`` names the net that fired (its
-    ``limit``/``pattern`` when relevant), ``rule`` the base rule that stopped the
-    run, ``degraded`` is True when the model could not be evaluated and only the
-    nets and the rule decided. ``v_stop`` is the value of continuing V (quality
-    units), ``cost_to_go`` the expected cost still to come (cost units).
+    only under ε-exploration), ``safety_net`` names the part of the safety config that
+    fired (a budget, the loop detector, ``quality_met``; its ``limit``/``pattern`` when
+    relevant), ``rule`` the policy's base rule that stopped the run, ``message`` says in
+    words what fired (or what a model overruled), ``degraded`` is True when the model
+    could not be evaluated and only the nets and the rules decided. ``v_stop`` is the
+    value of continuing V (quality units), ``cost_to_go`` the expected cost still to
+    come (cost units).
     """
 
     action: Literal["continue", "stop"]
@@ -96,6 +109,7 @@ class StopDecision:
     propensity: float = 1.0
     degraded: bool = False
     rule: str | None = None
+    message: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data."""
@@ -216,6 +230,13 @@ class Policy:
         self.margin_continue = _margin(_number(margins, "continue", "margins."))
         min_turns = _number(manifest, "min_turns", minimum=0.0)
         self.min_turns = 0 if min_turns is None else int(min_turns)
+        self.overrules: frozenset[str] = _overrules(manifest)
+        self.accepts_proposals: bool = _proposals(manifest)
+        self.stop_on_evidence: bool = _stop_on(manifest) == "evidence"
+        try:
+            self.evidence = Evidence.from_dict(manifest.get("evidence"))
+        except ValueError as exc:
+            raise ModelIntegrityError(f"manifest.json: {exc}") from None
         self._forest: Forest | None = None
         self._index: dict[str, int] = {}
         self.boosters: dict[str, Any] = {}
@@ -290,7 +311,7 @@ class Policy:
         import lightgbm as lgb
 
         manifest = dict(manifest)
-        safety = _nets_from(manifest.get("safety"), source)
+        safety = _nets_from(manifest, source)
         rule = _rule_from(manifest.get("rule"), source)
         kind = str(manifest.get("kind", "model"))
         if kind != "model":
@@ -421,24 +442,24 @@ class Policy:
         boosters' raw scores of ``state.features()`` when the caller has them already (a
         row of :meth:`raw_rows`; the trainer's replays), else they are computed here.
         """
-        nets = self.safety if safety is None else safety
+        cfg = self.safety if safety is None else safety
         turn = state.turn
         version = self.model_version
-        fired = nets.check(state)
-        if fired is not None:
+        net = cfg.check_budgets(state)
+        if net is not None:
             return StopDecision(
                 action="stop",
-                reason=fired.reason,
+                reason=net.reason,
                 v_stop=None,
                 q_continue=None,
                 q_stop=None,
                 cost_to_go=None,
                 turn=turn,
-                safety_net=fired.name,
-                limit=fired.limit,
-                pattern=fired.pattern,
+                safety_net=net.name,
+                limit=net.limit,
                 finalize=True,
                 model_version=version,
+                message=net.message,
             )
         v: float | None = None
         s: float | None = None
@@ -458,7 +479,7 @@ class Policy:
                 if not (math.isfinite(v) and math.isfinite(ctg)):
                     raise FloatingPointError("V is not finite")
             except (ValueError, IndexError, FloatingPointError):
-                # fail safe: a broken feature row must not take the run down; nets and rule still apply
+                # fail safe: a broken feature row must not take the run down; nets and rules still apply
                 v = s = ctg = None
                 degraded = True
 
@@ -467,10 +488,13 @@ class Policy:
             reason: str | None,
             propensity: float = 1.0,
             by: SafetyStop | None = None,
+            *,
+            net: bool = False,
+            message: str | None = None,
         ) -> StopDecision:
             pattern = None if by is None else by.pattern
             if action == "stop" and pattern is None:
-                pattern = nets.loop.closest(state)  # what the run was repeating, if anything
+                pattern = cfg.loop.closest(state)  # what the run was repeating, if anything
             return StopDecision(
                 action=action,
                 reason=reason,
@@ -479,31 +503,63 @@ class Policy:
                 q_stop=s,
                 cost_to_go=ctg,
                 turn=turn,
+                safety_net=by.name if net and by is not None else None,
                 limit=None if by is None else by.limit,
                 pattern=pattern,
                 finalize=action == "stop",
                 model_version=version,
                 propensity=propensity,
                 degraded=degraded,
-                rule=None if by is None else (self.rule_name or by.name),
+                rule=None if by is None or net else (self.rule_name or by.name),
+                message=message if message is not None else (None if by is None else by.message),
             )
 
-        if not nets.allows_stop(state):
-            return answer("continue", None)
-        base = self.rule.check(state) if self.rule is not None else None
-        if base is not None or proposed_stop:
-            if v is not None and v > self.margin_continue:
-                return answer("continue", None)
+        # the rules that fire now, in order: the config's (loop detector, then quality_met), the
+        # base rule, a proposed stop; each with the kind a manifest's ``overrules`` names
+        fired: list[tuple[str, SafetyStop | None, str]] = []
+        by_config = cfg.check_rules(state)
+        if by_config is not None:
+            kind = "loop" if by_config.reason == "loop_detected" else "quality_met"
+            fired.append((kind, by_config, by_config.name))
+        allowed = cfg.allows_stop(state)
+        if allowed:
+            base = self.rule.check(state) if self.rule is not None else None
             if base is not None:
-                return answer("stop", base.reason, by=base)
-            return answer("stop", PROPOSED_STOP_REASON)
+                fired.append(("rule", base, f"the base rule ({self.rule_name or base.name})"))
+            if proposed_stop and self.accepts_proposals:
+                fired.append(("proposed", None, "the proposed stop"))
+        if fired:
+            # a learned model goes on only where every rule that fired is one it may overrule
+            # and going on clears its continue margin
+            hard = [f for f in fired if f[0] not in self.overrules]
+            if not hard and v is not None and v > self.margin_continue:
+                names = ", ".join(f[2] for f in fired)
+                return answer(
+                    "continue",
+                    None,
+                    message=f"{names} overruled: the value of going on {v:.3g} > the continue margin "
+                    f"{self.margin_continue:.3g}",
+                )
+            kind, stop, _ = (hard or fired)[0]
+            if kind == "proposed":
+                return answer("stop", PROPOSED_STOP_REASON, message="the orchestrator proposed to stop")
+            assert stop is not None
+            return answer("stop", stop.reason, by=stop, net=kind != "rule")
+        if not allowed:
+            return answer("continue", None)
         if v is not None and turn >= self.min_turns and v < -self.margin_stop:
+            evidence = stall(state, self.evidence) if self.stop_on_evidence else "—"
+            if evidence is None:
+                return answer("continue", None)
+            why = f"the value of going on {v:.3g} < minus the stop margin {self.margin_stop:.3g}"
+            if self.stop_on_evidence:
+                why += f"; the run shows a stall: {evidence}"
             if epsilon > 0.0:
                 draw = (rng or random).random()
                 if draw < epsilon:
-                    return answer("continue", None, propensity=epsilon)
-                return answer("stop", MODEL_STOP_REASON, propensity=1.0 - epsilon)
-            return answer("stop", MODEL_STOP_REASON)
+                    return answer("continue", None, propensity=epsilon, message=f"explored: {why}")
+                return answer("stop", MODEL_STOP_REASON, propensity=1.0 - epsilon, message=why)
+            return answer("stop", MODEL_STOP_REASON, message=why)
         return answer("continue", None)
 
 
@@ -536,21 +592,63 @@ def _number(
     return float(value)
 
 
-def _nets_from(data: Any, source: str) -> SafetyConfig:
-    """The nets a model serves with: the defaults, plus what its manifest adds (never less)."""
+def _nets_from(manifest: Mapping[str, Any], source: str) -> SafetyConfig:
+    """The safety config a policy serves with when the caller gives none.
+
+    A manifest that states what its model overrules (``overrules``: trained with the
+    nets/rules split) states its whole config: its rules as tuned (the loop detector or
+    ``quality_met`` may be off), its budgets never looser than the defaults. An older
+    manifest's ``safety`` can only add to :data:`DEFAULT_SAFETY`.
+    """
+    data = manifest.get("safety")
     if data is None:
         return DEFAULT_SAFETY
     try:
-        extra = SafetyConfig.from_dict(data, source=f"{source}/manifest.json: safety")
+        own = SafetyConfig.from_dict(data, source=f"{source}/manifest.json: safety")
     except ConfigError as exc:
         raise ModelIntegrityError(str(exc), exc.issues) from None
-    return DEFAULT_SAFETY.tightened_by(extra)
+    if "overrules" not in manifest:
+        return DEFAULT_SAFETY.tightened_by(own)
+    caps = {
+        key: min(v for v in (getattr(own, key), getattr(DEFAULT_SAFETY, key)) if v is not None)
+        for key in BUDGET_NETS
+        if getattr(own, key) is not None or getattr(DEFAULT_SAFETY, key) is not None
+    }
+    return own.replace(**caps)
 
 
 def _rule_from(data: Any, source: str) -> SafetyConfig | None:
     if data is None:
         return None
+    if isinstance(data, Mapping):
+        # a base rule has no budgets of its own unless it states them (a tuned turn or cost cap)
+        data = {**dict.fromkeys(BUDGET_NETS), **data}
     try:
         return SafetyConfig.from_dict(data, source=f"{source}/manifest.json: rule")
     except ConfigError as exc:
         raise ModelIntegrityError(str(exc), exc.issues) from None
+
+
+def _overrules(manifest: Mapping[str, Any]) -> frozenset[str]:
+    value = manifest.get("overrules")
+    if value is None:
+        return LEGACY_OVERRULES
+    if not isinstance(value, list) or not all(isinstance(k, str) and k in RULE_KINDS for k in value):
+        raise ModelIntegrityError(
+            f"manifest.json: overrules: expected a list of {', '.join(RULE_KINDS)}, got {value!r}"
+        )
+    return frozenset(value)
+
+
+def _proposals(manifest: Mapping[str, Any]) -> bool:
+    value = manifest.get("proposals", "accept")
+    if value not in ("accept", "refuse"):
+        raise ModelIntegrityError(f"manifest.json: proposals: expected 'accept' or 'refuse', got {value!r}")
+    return bool(value == "accept")
+
+
+def _stop_on(manifest: Mapping[str, Any]) -> str:
+    value = manifest.get("stop_on", "value")
+    if value not in ("value", "evidence"):
+        raise ModelIntegrityError(f"manifest.json: stop_on: expected 'value' or 'evidence', got {value!r}")
+    return str(value)

@@ -1,13 +1,21 @@
-"""Safety nets: hard stop rules that always apply and override the model.
+"""Safety nets and rules: the stops a policy applies before (and beside) its model.
 
-Conditions: ``max_turns``, ``max_seconds``, ``max_tokens``, ``max_usd`` (stop with
-``budget_exhausted`` and the ``limit``), ``quality_met`` (the latest reward on a
-channel reached a threshold), and the loop detector (``loop_detected`` with the
-pattern). ``min_turns`` is a veto, not a stop: before it, model stops, proposed
-stops and ``quality_met`` are refused (verification gets its chance); budget and
-loop stops are not. The run's own :class:`~stopserve.trace.Budget` (given to its
-:class:`~stopserve.features.RunState`) is enforced too, as if its caps were
-``max_*`` keys here.
+Two kinds, by how they relate to a learned model:
+
+* **Nets** are budgets and always win: ``max_turns``, ``max_seconds``, ``max_tokens``,
+  ``max_usd`` (stop with ``budget_exhausted`` and the ``limit``), and the run's own
+  :class:`~stopserve.trace.Budget` (given to its :class:`~stopserve.features.RunState`),
+  enforced as if its caps were ``max_*`` keys here. The defaults are generous
+  (:data:`DEFAULT_MAX_TURNS` agent steps, :data:`DEFAULT_MAX_SECONDS` seconds: no
+  productive run in our real corpora comes near them) so that no run is ever unbounded.
+* **Rules** are the loop detector (``loop_detected`` with the pattern) and ``quality_met``
+  (the latest reward on a channel reached the quality target). On by default for every
+  policy; a learned model whose manifest says so (``overrules``) may overrule them where
+  its value of going on clears its continue margin (``stopserve.policy``).
+
+``min_turns`` is a veto, not a stop: before it, model stops, proposed stops and
+``quality_met`` are refused (verification gets its chance); budget and loop stops are not.
+Turns count agent steps (``RunState.turn``), never reward events.
 
 A config is JSON; flat keys are any-of; ``{"any": [...]}`` and ``{"all": [...]}``
 compose, and so do the ``|`` and ``&`` operators (as AutoGen's termination
@@ -19,13 +27,12 @@ conditions do):
 True
 
 :data:`DEFAULT_SAFETY` (``SafetyConfig()``) is the one default, used by the service, the
-client's local fallback and every integration when nothing else is given: the loop
-detector on with the thresholds tuned on real runs (``docs/safety.md``), ``quality_met``
-at 1.0 on the ``quality`` channel (a run whose quality reward reaches the top of the
-format's [0, 1] scale is done), ``min_turns`` 1 (a stop needs a decision point; a
-learned model tunes its own ``min_turns`` on top), no budget. A model's manifest may add
-nets, never switch these off; turning one off takes an explicit config
-(``{"loop": false}``, ``{"quality_met": null}``).
+client's local fallback and every integration when nothing else is given: the generous
+budgets, the loop detector on with the thresholds tuned on real runs (``docs/safety.md``),
+``quality_met`` at 1.0 on the ``quality`` channel (a run whose quality reward reaches the
+top of the format's [0, 1] scale is done; below 1.0 no reward stops a run unless a quality
+target is given), ``min_turns`` 1. Turning one off takes an explicit config
+(``{"loop": false}``, ``{"quality_met": null}``, ``{"max_seconds": null}``).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import orjson
 from pydantic import (
@@ -50,7 +57,21 @@ from stopserve.errors import ConfigError, pydantic_issues
 from stopserve.features import LOOP_PATTERNS, RunState
 from stopserve.trace import Limit, StopReason, Trace, is_decision_point
 
-__all__ = ["DEFAULT_SAFETY", "LoopConfig", "SafetyConfig", "SafetyStop"]
+__all__ = [
+    "BUDGET_NETS",
+    "DEFAULT_MAX_SECONDS",
+    "DEFAULT_MAX_TURNS",
+    "DEFAULT_SAFETY",
+    "LoopConfig",
+    "SafetyConfig",
+    "SafetyStop",
+]
+
+#: The default turn limit: agent steps. The longest run in our real corpora took 144 (a failed
+#: SWE-bench run; the longest resolved one 94), MINT and InterCode cap at 5 and 10 (docs/safety.md).
+DEFAULT_MAX_TURNS: Final = 500
+#: The default time budget, seconds: 4 hours. The longest real run took 1,171 s (SWE-bench).
+DEFAULT_MAX_SECONDS: Final = 14_400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +84,14 @@ class SafetyStop:
     pattern: str | None = None
     events: list[str] = field(default_factory=list)
     message: str = ""
+    #: ``net``: a budget, always wins; ``rule``: the loop detector or quality_met (or a part of
+    #: ``all`` mixing them with a budget), which a learned model may overrule
+    kind: Literal["net", "rule"] = "rule"
+
+    @property
+    def is_budget(self) -> bool:
+        """A net (a budget: always wins), not a rule."""
+        return self.kind == "net"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -140,6 +169,11 @@ class LoopConfig(BaseModel):
             return ()
         return tuple((p, int(getattr(self, p))) for p in LOOP_PATTERNS if getattr(self, p))
 
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """The patterns switched on, in :data:`~stopserve.features.LOOP_PATTERNS` order."""
+        return tuple(p for p, _ in self._active)
+
     def closest(self, state: RunState) -> str | None:
         """The loop pattern nearest its threshold among those seen at least twice in a row, or ``None``.
 
@@ -175,6 +209,8 @@ _BUDGETS: tuple[tuple[str, Limit], ...] = (
     ("max_tokens", "tokens"),
     ("max_usd", "usd"),
 )
+#: The config keys that are nets (budgets): a stop by one of them always wins.
+BUDGET_NETS: Final[tuple[str, ...]] = tuple(key for key, _ in _BUDGETS)
 _UNITS = {"turns": "turns", "seconds": "s", "tokens": "tokens", "usd": "USD"}
 
 
@@ -189,17 +225,19 @@ def _used(state: RunState, limit: Limit) -> float:
 
 
 class SafetyConfig(BaseModel):
-    """Safety nets as data: load and dump JSON, compose with ``|`` and ``&``.
+    """Safety nets and rules as data: load and dump JSON, compose with ``|`` and ``&``.
 
     Flat keys are any-of: the config fires when any of its own conditions fires,
     when any config in ``any`` fires, or when every config in ``all`` fires.
-    ``check`` returns the first stop found (budgets, then loops, then quality).
+    :meth:`check` returns the first stop found (budgets, then loops, then quality);
+    :meth:`check_budgets` only the nets, :meth:`check_rules` only the rules. A part of
+    ``all`` that mixes a budget with a rule is a rule (it is not a budget alone).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    max_turns: int | None = Field(default=None, ge=0)
-    max_seconds: float | None = Field(default=None, ge=0)
+    max_turns: int | None = Field(default=DEFAULT_MAX_TURNS, ge=0)
+    max_seconds: float | None = Field(default=DEFAULT_MAX_SECONDS, ge=0)
     max_tokens: int | None = Field(default=None, ge=0)
     max_usd: float | None = Field(default=None, ge=0)
     min_turns: int = Field(default=1, ge=0)
@@ -223,13 +261,13 @@ class SafetyConfig(BaseModel):
         """Stop when either config would."""
         if not isinstance(other, SafetyConfig):
             return NotImplemented
-        return SafetyConfig(min_turns=0, loop=LoopConfig(enabled=False), quality_met=None, any=[self, other])
+        return SafetyConfig.model_validate({**_EMPTY_NODE, "any": [self, other]})
 
     def __and__(self, other: SafetyConfig) -> SafetyConfig:
         """Stop only when both configs would (at the same decision point)."""
         if not isinstance(other, SafetyConfig):
             return NotImplemented
-        return SafetyConfig(min_turns=0, loop=LoopConfig(enabled=False), quality_met=None, all=[self, other])
+        return SafetyConfig.model_validate({**_EMPTY_NODE, "all": [self, other]})
 
     # ------------------------------------------------------------------ deciding
 
@@ -256,17 +294,25 @@ class SafetyConfig(BaseModel):
         return state.turn >= self.effective_min_turns
 
     def check(self, state: RunState) -> SafetyStop | None:
-        """The safety stop that applies to ``state`` now, or ``None`` to go on.
+        """The stop that applies to ``state`` now (a net or a rule), or ``None`` to go on.
 
         The run's budget (``state.budget``) is enforced as well as this config's caps.
         """
+        return self.check_budgets(state) or self._check(state, self.allows_stop(state), _RULES_ONLY)
+
+    def check_budgets(self, state: RunState) -> SafetyStop | None:
+        """The net (a budget: the run's own or this config's) that fires now, or ``None``."""
         budget = state.budget
         if budget is not None:
             for key, limit in _BUDGETS:
                 cap = getattr(budget, key)
                 if cap is not None and _used(state, limit) >= cap:
                     return self._budget_stop(state, key, limit, cap, "the run's budget")
-        return self._check(state, state.turn >= self.effective_min_turns)
+        return self._check(state, False, _NETS)
+
+    def check_rules(self, state: RunState) -> SafetyStop | None:
+        """The rule that fires now (the loop detector, or quality_met once min_turns allows), or ``None``."""
+        return self._check(state, self.allows_stop(state), _RULES_ONLY)
 
     def _budget_stop(self, state: RunState, key: str, limit: Limit, cap: float, whose: str) -> SafetyStop:
         used = _used(state, limit)
@@ -276,45 +322,57 @@ class SafetyConfig(BaseModel):
             reason="budget_exhausted",
             limit=limit,
             message=f"{key}: {used:g} {unit} used, {whose} allows {cap:g}",
+            kind="net",
         )
 
-    def _check(self, state: RunState, allowed: bool) -> SafetyStop | None:
-        for key, limit, cap in self._caps:
-            if _used(state, limit) >= cap:
-                return self._budget_stop(state, key, limit, cap, "the safety config")
-        fired = self.loop.check(state)
-        if fired is not None:
-            return fired
-        if allowed and self.quality_met is not None:
-            value = state.latest_reward_on(self.quality_channel)
-            if value is not None and value >= self.quality_met:
-                channel = self.quality_channel or "primary"
-                return SafetyStop(
-                    name="quality_met",
-                    reason="quality_met",
-                    message=f"quality_met: reward {value:g} on the {channel} channel >= {self.quality_met:g}",
-                )
+    def _check(self, state: RunState, allowed: bool, kinds: int) -> SafetyStop | None:
+        """The first stop of the ``kinds`` asked for (``_NETS``, ``_RULES_ONLY`` or both)."""
+        if kinds & _NETS:
+            for key, limit, cap in self._caps:
+                if _used(state, limit) >= cap:
+                    return self._budget_stop(state, key, limit, cap, "the safety config")
+        if kinds & _RULES_ONLY:
+            fired = self.loop.check(state)
+            if fired is not None:
+                return fired
+            if allowed and self.quality_met is not None:
+                value = state.latest_reward_on(self.quality_channel)
+                if value is not None and value >= self.quality_met:
+                    channel = self.quality_channel or "primary"
+                    return SafetyStop(
+                        name="quality_met",
+                        reason="quality_met",
+                        message=(
+                            f"quality_met: reward {value:g} on the {channel} channel >= the quality "
+                            f"target {self.quality_met:g}"
+                        ),
+                    )
         for child in self.any or ():
-            fired = child._check(state, allowed)
+            fired = child._check(state, allowed, kinds)
             if fired is not None:
                 return fired
         if self.all:
+            # every part must fire, nets or rules alike; the whole is a net only if every part is one
             stops: list[SafetyStop] = []
             for child in self.all:
-                fired = child._check(state, allowed)
+                fired = child._check(state, allowed, _RULES)
                 if fired is None:
                     return None
                 stops.append(fired)
+            is_net = all(st.is_budget for st in stops)
+            if not kinds & (_NETS if is_net else _RULES_ONLY):
+                return None
             first = stops[0]
-            names = list(dict.fromkeys(s.name for s in stops))
-            events = list(dict.fromkeys(e for s in stops for e in s.events))
+            names = list(dict.fromkeys(st.name for st in stops))
+            events = list(dict.fromkeys(e for st in stops for e in st.events))
             return SafetyStop(
                 name="&".join(names),
                 reason=first.reason,
                 limit=first.limit,
                 pattern=first.pattern,
                 events=events,
-                message=" and ".join(s.message for s in stops),
+                message=" and ".join(st.message for st in stops),
+                kind="net" if is_net else "rule",
             )
         return None
 
@@ -368,11 +426,13 @@ class SafetyConfig(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data that :meth:`from_dict` reads back to an equal config.
 
-        Nets switched off are written as ``null`` (an omitted key would mean the default, on).
+        Nets or rules switched off are written as ``null`` where the default is on (an
+        omitted key would mean the default).
         """
         data = self.model_dump(mode="json", exclude_none=True)
-        if self.quality_met is None:
-            data["quality_met"] = None
+        for key in _ON_BY_DEFAULT:
+            if getattr(self, key) is None:
+                data[key] = None
         for key in ("any", "all"):
             if key in data:
                 data[key] = [c.to_dict() for c in getattr(self, key)]
@@ -399,10 +459,33 @@ class SafetyConfig(BaseModel):
             return self
         return self | extra
 
+    def replace(self, **changes: Any) -> SafetyConfig:
+        """A copy with ``changes`` (field values or their JSON data), validated anew.
+
+        Not ``model_copy``: that would carry over the cached views (``_caps``, ``_active``)
+        of the original, so a copy with the loop detector switched off would still fire it.
+        """
+        return type(self).model_validate({**self.model_dump(), **changes})
+
     def dumps(self) -> str:
         """The config as JSON text."""
         return orjson.dumps(self.to_dict()).decode()
 
+
+#: Fields whose default is on: written as ``null`` when off (see :meth:`SafetyConfig.to_dict`).
+_ON_BY_DEFAULT: Final = ("max_turns", "max_seconds", "quality_met", "quality_channel")
+#: A composing node (``|``, ``&``) has no nets or rules of its own.
+_EMPTY_NODE: Final[dict[str, Any]] = {
+    "max_turns": None,
+    "max_seconds": None,
+    "min_turns": 0,
+    "quality_met": None,
+    "loop": False,
+}
+#: What :meth:`SafetyConfig._check` looks for: nets (budgets), rules, or both.
+_NETS: Final = 1
+_RULES_ONLY: Final = 2
+_RULES: Final = _NETS | _RULES_ONLY
 
 _UNION_TAGS = frozenset({"int", "float", "bool", "str", "list[SafetyConfig]", "LoopConfig", "SafetyConfig"})
 

@@ -122,15 +122,29 @@ def test_consensus_share_of_modal_ref_among_latest_returns() -> None:
 def test_reward_features() -> None:
     s = RunState()
     assert math.isnan(feat(s, "reward_latest")) and s.latest_reward is None
-    s.fold(ev(0, "reward", value=0.4, tokens=10))
-    s.fold(ev(1, "reward", value=0.7, tokens=10))
-    s.fold(ev(2, "reward", value=0.5, tokens=10))
-    s.fold(ev(3, "reward", value=0.9, channel="other"))
+    # each agent step (a return) is graded by a reward; rewards themselves are not turns
+    for i, value in enumerate((0.4, 0.7, 0.5)):
+        s.fold(ev(2 * i, "return", tokens=10))
+        s.fold(ev(2 * i + 1, "reward", value=value))
+    s.fold(ev(6, "reward", value=0.9, channel="other"))
+    assert s.turn == 3
     assert s.latest_reward == 0.5 and s.best_reward == 0.7
     assert s.latest_reward_on("other") == 0.9 and s.latest_reward_on("quality") == 0.5
     assert feat(s, "reward_delta") == pytest.approx(-0.2)
-    assert feat(s, "turns_since_best") == 2  # best at turn 2, now turn 4
+    assert feat(s, "turns_since_best") == 1  # best at turn 2, now turn 3
     assert feat(s, "tokens_since_best") == 10
+
+
+def test_a_reward_is_not_a_turn() -> None:
+    s = RunState()
+    s.fold(ev(0, "tool_use", tool="bash", content_ref="c"))
+    s.fold(ev(1, "return", tool="bash", content_ref="o"))
+    s.fold(ev(2, "reward", value=0.3))
+    s.fold(ev(3, "reward", value=0.4, channel="tests"))
+    assert s.turn == 1
+    s.fold(ev(4, "aggregate", content_ref="a"))
+    s.fold(ev(5, "stop", reason="quality_met", proposed=True))
+    assert s.turn == 3
 
 
 def test_stop_proposals() -> None:
@@ -322,7 +336,8 @@ def test_chunked_fold_equals_one_pass(trace: Trace, seed: int, tiny: bool) -> No
         one.fold(e)
         if is_decision_point(e):
             expected[i] = one.features()
-    assert one.turn == len(expected)
+    # every decision point but a reward is an agent step
+    assert one.turn == sum(1 for i in expected if trace.events[i].type != "reward")
 
     rng = random.Random(seed)
     chunked = RunState(trace.topology, budget, **windows)

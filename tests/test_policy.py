@@ -22,11 +22,11 @@ from stopserve.features import FEATURE_NAMES, RunState
 from stopserve.policy import Policy, StopDecision, cost_weight
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.trace import Trace, is_decision_point
-from stopserve.training.fit import PolicyLearner
-from stopserve.training.heuristics import HeuristicRule, policy_mask
+from stopserve.training.fit import PolicyLearner, _rule_fields
+from stopserve.training.heuristics import HeuristicRule, TunedHeuristic, policy_mask
 from stopserve.training.labels import build_decision_points
 from stopserve.training.replay import replay_decide
-from stopserve.training.tuning import learned_mask
+from stopserve.training.tuning import ALL_RULES, Tuned, learned_mask
 
 NO_LOOP = SafetyConfig.from_dict({"loop": False})
 FAST: dict[str, Any] = {"folds": 3, "max_rounds": 40, "n_boot": 200}
@@ -72,24 +72,43 @@ def test_decide_agrees_with_the_vectorised_values(learned: dict[str, Policy]) ->
         np.testing.assert_allclose(np.asarray(got, dtype=float), v, rtol=1e-6, atol=1e-9)
 
 
-def test_vectorised_stop_flags_agree_with_decide(learned: dict[str, Policy]) -> None:
-    # the trainer's search (learned_mask, policy_mask) is exactly what decide does
+@pytest.mark.parametrize(
+    "rule",
+    [
+        HeuristicRule(turn_cap=9),
+        HeuristicRule(turn_cap=4, loop=False, quality=False, proposals=False),
+        HeuristicRule(reward_threshold=0.5, proposals=False),
+        HeuristicRule(loop=False, quality=True),
+    ],
+)
+def test_vectorised_stop_flags_agree_with_decide(learned: dict[str, Policy], rule: HeuristicRule) -> None:
+    # the trainer's search (learned_mask, policy_mask) is exactly what decide does, for every rule
+    # kind, every set of kinds a model may overrule, and a model stopping on evidence only
     traces = synth_traces(30, seed=11)
     dp = build_decision_points(traces)
-    rule = HeuristicRule(turn_cap=9, reward_threshold=None)
-    for margin_stop, margin_continue in ((0.0, None), (0.05, 0.2), (None, -0.1)):
+    tuned = TunedHeuristic("h", rule, 0.0, "usd", 2.0)
+    cases = [
+        (0.0, None, ALL_RULES, "value"),
+        (0.05, 0.2, frozenset({"rule", "proposed"}), "value"),
+        (None, -0.1, frozenset({"loop"}), "value"),
+        (-0.2, 0.0, ALL_RULES, "evidence"),
+    ]
+    for margin_stop, margin_continue, overrules, stop_on in cases:
         base = learned["behavior"]
-        manifest = {
-            **base.manifest,
-            "rule": rule.to_safety_config("usd").to_dict(),
-            "margins": {"stop": margin_stop, "continue": margin_continue},
-            "min_turns": 2,
-        }
+        tuned_margins = Tuned(
+            math.inf if margin_stop is None else margin_stop,
+            math.inf if margin_continue is None else margin_continue,
+            2,
+            0.0,
+            0.0,
+            0.0,
+        )
+        manifest = {**base.manifest, **_rule_fields(tuned, tuned_margins, DEFAULT_SAFETY, overrules, stop_on)}
         policy = Policy(
             kind="model",
-            safety=DEFAULT_SAFETY,
+            safety=rule.own_config(DEFAULT_SAFETY),
             manifest=manifest,
-            rule=rule.to_safety_config("usd"),
+            rule=tuned.to_safety_config(),
             boosters=base._forest._boosters,  # type: ignore[union-attr]
         )
         raw = policy.raw_batch(dp.X)
@@ -97,17 +116,19 @@ def test_vectorised_stop_flags_agree_with_decide(learned: dict[str, Policy]) -> 
         mask = learned_mask(
             dp,
             np.asarray(v),
-            rule.stop_mask(dp),
-            margin_stop=math.inf if margin_stop is None else margin_stop,
-            margin_continue=math.inf if margin_continue is None else margin_continue,
+            rule.fires(dp),
+            margin_stop=tuned_margins.margin_stop,
+            margin_continue=tuned_margins.margin_continue,
             min_turns=2,
+            overrules=overrules,
+            stall=dp.stall if stop_on == "evidence" else None,
         )
         first = np.minimum.reduceat(np.where(mask, np.arange(dp.n_rows), dp.n_rows), dp.offsets[:-1])
         want = np.where(first < dp.offsets[1:], first, -1)
         got = replay_decide(traces, dp, lambda i: [policy], lam=2.0)[0]  # noqa: B023
         np.testing.assert_array_equal(got, want)
-    heuristic = Policy.from_manifest({"kind": "heuristic", "rule": rule.to_safety_config("usd").to_dict()})
-    mask = policy_mask(dp, rule.stop_mask(dp))
+    heuristic = tuned.policy()
+    mask = policy_mask(dp, rule.fires(dp))
     first = np.minimum.reduceat(np.where(mask, np.arange(dp.n_rows), dp.n_rows), dp.offsets[:-1])
     want = np.where(first < dp.offsets[1:], first, -1)
     np.testing.assert_array_equal(replay_decide(traces, dp, lambda i: [heuristic], lam=2.0)[0], want)
@@ -206,7 +227,7 @@ def test_safety_only_policy_uses_the_default_nets() -> None:
 
 
 def test_heuristic_directory_stops_by_its_rule(tmp_path: Path) -> None:
-    rule = HeuristicRule(turn_cap=2).to_safety_config("usd")
+    rule = HeuristicRule(turn_cap=2).base_config("usd")
     manifest = {
         "kind": "heuristic",
         "method": "heuristic",
@@ -224,7 +245,7 @@ def test_heuristic_directory_stops_by_its_rule(tmp_path: Path) -> None:
 
 def test_the_continue_margin_overrules_the_base_rule(learned: dict[str, Policy]) -> None:
     base = learned["behavior"]
-    rule = HeuristicRule(turn_cap=1).to_safety_config("usd")
+    rule = HeuristicRule(turn_cap=1).base_config("usd")
     policy = Policy(
         kind="model",
         safety=NO_LOOP,

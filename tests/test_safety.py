@@ -72,10 +72,13 @@ def test_run_budget_is_enforced_too() -> None:
 def test_quality_met_waits_for_min_turns() -> None:
     cfg = SafetyConfig(quality_met=0.8, min_turns=3)
     s = RunState()
-    s.fold(ev(0, "reward", value=0.95))
+    s.fold(ev(0, "return"))
+    s.fold(ev(1, "reward", value=0.95))
     assert cfg.check(s) is None and not cfg.allows_stop(s)
-    s.fold(ev(1, "reward", value=0.5))
-    s.fold(ev(2, "reward", value=0.85))
+    s.fold(ev(2, "return"))
+    s.fold(ev(3, "reward", value=0.5))
+    s.fold(ev(4, "return"))
+    s.fold(ev(5, "reward", value=0.85))
     assert cfg.allows_stop(s)
     stop = cfg.check(s)
     assert stop is not None and stop.reason == "quality_met" and stop.limit is None
@@ -417,3 +420,15 @@ def test_closest_names_the_pattern_in_progress_without_firing() -> None:
     assert SafetyConfig().check(s) is None  # 2 of 4: no stop yet
     assert LoopConfig().closest(s) == "repeated_action_observation"
     assert LoopConfig(repeated_action_observation=0).closest(s) is None
+
+
+def test_a_replaced_config_forgets_the_cached_views_of_the_original() -> None:
+    base = SafetyConfig(max_tokens=100)
+    s = RunState()
+    for i in range(5):
+        s.fold(ev(2 * i, "tool_use", tool="bash", content_ref="same", tokens=30))
+        s.fold(ev(2 * i + 1, "return", tool="bash", content_ref="out"))
+    assert base.check(s) is not None  # the caps and the loop detector views are cached now
+    off = base.replace(loop={"enabled": False}, max_tokens=None)
+    assert off.check(s) is None and off.loop.patterns == ()
+    assert base.replace(max_tokens=1000).check(s).name == "loop_detector"

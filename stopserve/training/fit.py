@@ -52,23 +52,27 @@ import numpy.typing as npt
 
 from stopserve.artifacts import save_model_dir
 from stopserve.errors import TrainingError
+from stopserve.evidence import DEFAULT_EVIDENCE
 from stopserve.features import FEATURE_NAMES, scale_free_features
 from stopserve.policy import METHOD_MODELS, Policy
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.trace import Trace, read_traces
 from stopserve.training.heuristics import (
     HEURISTICS,
+    FamilyRanking,
     Replay,
+    RuleFires,
     TunedHeuristic,
     cross_fit_heuristics,
     group_folds,
     oracle_mask,
+    rank_families,
     replay,
     tune_heuristics,
 )
 from stopserve.training.labels import DecisionPoints, FloatArray, IntArray, build_decision_points
 from stopserve.training.replay import REPLAY_ENGINE, replay_decide, replay_rows
-from stopserve.training.tuning import Tuned, learned_mask, tune_policy
+from stopserve.training.tuning import ALL_RULES, Tuned, learned_mask, tune_policy
 
 __all__ = [
     "DEFAULT_COST_SHARE",
@@ -489,7 +493,13 @@ class _FitState:
     oof: dict[str, FloatArray] = field(default_factory=dict)
     inner: dict[str, list[FloatArray]] = field(default_factory=dict)
     fold_heur: list[dict[str, TunedHeuristic]] = field(default_factory=list)
+    #: each fold's base family, ranked by repeated cross-validation on the fold's training traces
+    fold_family: list[str] = field(default_factory=list)
     heur_all: dict[str, TunedHeuristic] = field(default_factory=dict)
+    #: the families ranked by repeated cross-validation on every trace (what ships as the base)
+    ranking: FamilyRanking | None = None
+    #: the rule kinds a learned model may overrule
+    overrules: frozenset[str] = ALL_RULES
     c_target: _Target | None = None
     bar: Any = None
     #: each trace's cross-validated value, per policy (learned, each heuristic, behavior, oracle)
@@ -551,6 +561,8 @@ class PolicyLearner:
         progress: bool = False,
         log: Callable[[str], None] | None = None,
         backend: Backend | None = None,
+        fixed_rules: bool = False,
+        stop_on: str = "value",
     ) -> None:
         self.lam = lam
         self.cost_share = cost_share
@@ -568,6 +580,8 @@ class PolicyLearner:
         self.progress = progress
         self.log = log
         self.backend = backend
+        self.fixed_rules = fixed_rules
+        self.stop_on = stop_on
 
     # ----------------------------------------------------------------- checks
 
@@ -592,6 +606,8 @@ class PolicyLearner:
             raise TrainingError(f"--folds must be at least 2 for cross-validation, got {self.folds}")
         if self.min_turns is not None and self.min_turns < 0:
             raise TrainingError(f"min_turns must be >= 0, got {self.min_turns}")
+        if self.stop_on not in ("value", "evidence"):
+            raise TrainingError(f"stop_on must be 'value' or 'evidence', got {self.stop_on!r}")
 
     def _features_used(self) -> tuple[str, ...]:
         if self.features == "all":
@@ -633,26 +649,23 @@ class PolicyLearner:
         st.bar = _progress(st.k * (3 + ("optimal" in st.methods) * OPTIMAL_PASSES) + 4, self.progress)
         for name in ("g", "k", "s"):  # S whatever the method: q_stop, and a run's value for credit
             self._cross_fit(st, st.targets[name])
-        _, st.fold_heur = cross_fit_heuristics(
-            st.dp, st.lam_value, min_turns=1, transferable=st.per_run, fold=st.trace_fold
-        )
-        st.heur_all = tune_heuristics(st.dp, st.lam_value, min_turns=1, transferable=st.per_run)
+        self._heuristics(st)
         if "optimal" in st.methods:
             self._fit_optimal(st)
         fold_policies, fold_choice = self._fold_policies(st)
         reps = self._cross_validate(st, fold_policies)
         st.cv_values = {name: r.value for name, r in reps.items()}
         policies = {name: _summary(r) for name, r in reps.items()}
-        best_heur = max(HEURISTICS, key=lambda h: policies[h]["value"])
+        assert st.ranking is not None
+        best_heur = st.ranking.best
         guard = self._guard(st, reps, best_heur)
         models, manifest, final_tuned, importance = self._final(st, best_heur, ship=guard["ship"])
         chosen = "learned" if manifest["kind"] == "model" else best_heur
         final_rule = st.heur_all[best_heur].rule.describe(st.dp.cost_unit)
         if chosen != "learned" and final_rule.startswith("never stop"):
             st.notes.append(
-                "THE SHIPPED POLICY NEVER STOPS A RUN ON ITS OWN: no tuned cap beat running to the end, so "
-                "only the safety nets (loop detector, quality_met, budgets) and the orchestrator's proposed "
-                "stops end runs"
+                "THE SHIPPED POLICY NEVER STOPS A RUN ON ITS OWN: no tuned rule beat running to the end, so "
+                "only the budget nets end runs"
             )
         # the shipped policy, replayed through decide on the training traces: evaluate gives the same
         shipped = Policy.from_manifest(manifest, models, source="trained policy", engine=REPLAY_ENGINE)
@@ -681,6 +694,13 @@ class PolicyLearner:
             "cost_share": st.share,
             "policies": policies,
             "best_heuristic": best_heur,
+            "family_ranking": {
+                "scheme": st.ranking.scheme,
+                "values": dict(st.ranking.values),
+                "best": st.ranking.best,
+            },
+            "rules": "fixed" if self.fixed_rules else "tuned",
+            "overrules": sorted(st.overrules),
             "by_dataset": {
                 str(d): {
                     n: float(reps[n].value[st.dp.dataset == d].mean())
@@ -798,6 +818,7 @@ class PolicyLearner:
             folds=_folds(dp, trace_fold, self.seed),
             targets=_targets(dp),
             notes=notes,
+            overrules=frozenset({"rule", "proposed"}) if self.fixed_rules else ALL_RULES,
         )
 
     def _cross_fit(self, st: _FitState, target: _Target) -> None:
@@ -837,23 +858,71 @@ class PolicyLearner:
         dp: DecisionPoints,
         raw: Mapping[str, FloatArray],
         rows: IntArray | slice,
-        fires: BoolArray,
+        fires: RuleFires,
     ) -> tuple[str, Tuned] | None:
         """The best (method, margins, min_turns) on ``dp`` against the base rule ``fires``."""
         best: tuple[str, Tuned] | None = None
         for method in st.methods:
             v = self._v(st, method, {n: raw[n] for n in METHOD_MODELS[method]}, rows)
             t = tune_policy(
-                dp, v, fires, st.lam_value, min_turns=st.min_turns, strata=_strata(dp, st.per_run)
+                dp,
+                v,
+                fires,
+                st.lam_value,
+                min_turns=st.min_turns,
+                strata=_strata(dp, st.per_run),
+                overrules=st.overrules,
+                stall=self._stall(st, dp),
             )
             if best is None or t.score > best[1].score + 1e-12:
                 best = (method, t)
         return best
 
-    def _fit_optimal(self, st: _FitState) -> None:
-        """C by fitted backward induction: each pass regresses the value realised under the last rule."""
+    def _heuristics(self, st: _FitState) -> None:
+        """Tune every family per fold and on every trace; rank them by repeated cross-validation.
+
+        Each fold's base family is ranked on that fold's training traces only, and the
+        shipped family on every trace: a fold's test traces never choose its base rule.
+        """
+        opts: dict[str, Any] = {"min_turns": 1, "transferable": st.per_run, "fixed_rules": self.fixed_rules}
+        _, st.fold_heur = cross_fit_heuristics(st.dp, st.lam_value, fold=st.trace_fold, **opts)
+        st.heur_all = tune_heuristics(st.dp, st.lam_value, **opts)
+        st.ranking = rank_families(st.dp, st.lam_value, folds=self.folds, seed=self.seed, **opts)
+        traces = np.arange(st.dp.n_traces)
+        st.fold_family = []
+        for f in range(st.k):
+            sub = st.dp.subset(traces[st.trace_fold != f])
+            if np.unique(sub.group).size >= 2:
+                st.fold_family.append(
+                    rank_families(sub, st.lam_value, folds=self.folds, seed=self.seed, **opts).best
+                )
+            else:
+                st.fold_family.append(st.ranking.best)
+        if self.log is not None:
+            self.log(
+                f"heuristic families ({st.ranking.scheme}): best {st.ranking.best}; folds {st.fold_family}"
+            )
+
+    def _fold_fires(self, st: _FitState) -> RuleFires:
+        """Each row's base-rule fires under its own fold's base rule (tuned without that fold)."""
         dp = st.dp
-        fires = st.heur_all[max(HEURISTICS, key=lambda h: st.heur_all[h].value)].stop_mask(dp)
+        row_fold = st.trace_fold[dp.trace_idx]
+        parts = [st.fold_heur[f][st.fold_family[f]].fires(dp) for f in range(st.k)]
+        pick = {
+            name: np.choose(row_fold, [getattr(p, name) for p in parts])
+            for name in ("loop", "quality", "rule", "proposed")
+        }
+        return RuleFires(**pick)
+
+    def _fit_optimal(self, st: _FitState) -> None:
+        """C by fitted backward induction: each pass regresses the value realised under the last rule.
+
+        The later rule of a row is its fold's: the fold's base rule (never tuned on that
+        fold's traces) with the margins the pass tunes.
+        """
+        dp = st.dp
+        fires = self._fold_fires(st)
+        stall = self._stall(st)
         stop_rule = np.zeros(dp.n_rows, dtype=bool)  # pass 0: the later rule is "continue as logged"
         for p in range(OPTIMAL_PASSES):
             y = _next_stop_value(dp, stop_rule, st.lam_value) + st.lam_value * dp.c
@@ -861,7 +930,14 @@ class PolicyLearner:
             self._cross_fit(st, st.c_target)
             v_opt = self._v(st, "optimal", st.oof, slice(None))
             tuned = tune_policy(
-                dp, v_opt, fires, st.lam_value, min_turns=st.min_turns, strata=_strata(dp, st.per_run)
+                dp,
+                v_opt,
+                fires,
+                st.lam_value,
+                min_turns=st.min_turns,
+                strata=_strata(dp, st.per_run),
+                overrules=st.overrules,
+                stall=stall,
             )
             stop_rule = learned_mask(
                 dp,
@@ -870,38 +946,45 @@ class PolicyLearner:
                 margin_stop=tuned.margin_stop,
                 margin_continue=tuned.margin_continue,
                 min_turns=tuned.min_turns,
+                overrules=st.overrules,
+                stall=stall,
             )
             if self.log is not None:
                 self.log(f"optimal pass {p + 1}/{OPTIMAL_PASSES}: gain {tuned.gain:.4g}")
+
+    def _stall(self, st: _FitState, dp: DecisionPoints | None = None) -> BoolArray | None:
+        """Where a run shows a stall (rows of ``dp``), for a model that stops on evidence only."""
+        if self.stop_on != "evidence":
+            return None
+        return (st.dp if dp is None else dp).stall
 
     def _fold_policies(self, st: _FitState) -> tuple[list[Policy], list[dict[str, Any]]]:
         """Per fold: its best heuristic as the base rule, margins and method tuned on its held-out rows."""
         policies: list[Policy] = []
         choices: list[dict[str, Any]] = []
         for f, fold in enumerate(st.folds):
-            tuned_h = st.fold_heur[f]
-            base_name = max(HEURISTICS, key=lambda h: tuned_h[h].value)
-            base = tuned_h[base_name]
+            base_name = st.fold_family[f]
+            base = st.fold_heur[f][base_name]
             choice = None
             if fold.valid.size:
                 sub = st.dp.subset(np.unique(st.dp.trace_idx[fold.valid]))
                 choice = self._tune(
-                    st, sub, {n: st.inner[n][f] for n in st.inner}, fold.valid, base.stop_mask(sub)
+                    st, sub, {n: st.inner[n][f] for n in st.inner}, fold.valid, base.fires(sub)
                 )
             if choice is None or not choice[1].deviates:
-                policies.append(base.policy())
+                policies.append(base.policy(st.nets))
                 choices.append({"base": base_name, "deviates": False})
                 continue
             method, t = choice
             manifest = {
                 **self._value_manifest(method, st.dp, st.mean_cost, st.share, st.lam_value),
-                **_rule_fields(base, t),
+                **self._rule_fields(st, base, t),
                 "models": {n: {"transform": st.targets[n].transform} for n in st.targets},
             }
             policies.append(
                 Policy(
                     kind="model",
-                    safety=st.nets,
+                    safety=base.rule.own_config(st.nets),
                     manifest=manifest,
                     rule=base.to_safety_config(),
                     boosters={n: fold.boosters[n] for n in METHOD_MODELS[method]},
@@ -918,7 +1001,7 @@ class PolicyLearner:
         if self.log is not None:
             self.log("replaying the cross-validated policies through Policy.decide")
         dp = st.dp
-        heur = [[st.fold_heur[f][h].policy() for h in HEURISTICS] for f in range(st.k)]
+        heur = [[st.fold_heur[f][h].policy(st.nets) for h in HEURISTICS] for f in range(st.k)]
         stops = self._backend().replay(
             st.source,
             dp,
@@ -967,7 +1050,7 @@ class PolicyLearner:
         final_heur = st.heur_all[best_heur]
         final_tuned = None
         if ship:
-            final_tuned = self._tune(st, st.dp, st.oof, slice(None), final_heur.stop_mask(st.dp))
+            final_tuned = self._tune(st, st.dp, st.oof, slice(None), final_heur.fires(st.dp))
             if final_tuned is None or not final_tuned[1].deviates:
                 ship = False
                 st.notes.append(
@@ -976,7 +1059,7 @@ class PolicyLearner:
                 )
         if not ship or final_tuned is None:
             manifest = {
-                **final_heur.manifest(),
+                **final_heur.manifest(st.nets),
                 **self._value_manifest("heuristic", st.dp, st.mean_cost, st.share, st.lam_value),
             }
             return {}, manifest, final_tuned, {}
@@ -1006,10 +1089,13 @@ class PolicyLearner:
         manifest = {
             "kind": "model",
             **self._value_manifest(method, st.dp, st.mean_cost, st.share, st.lam_value),
-            **_rule_fields(final_heur, t),
+            **self._rule_fields(st, final_heur, t),
             "models": entries,
         }
         return models, manifest, final_tuned, importance
+
+    def _rule_fields(self, st: _FitState, base: TunedHeuristic, tuned: Tuned) -> dict[str, Any]:
+        return _rule_fields(base, tuned, st.nets, st.overrules, self.stop_on)
 
     def _value_manifest(
         self, method: str, dp: DecisionPoints, mean_cost: float, share: float | None, lam_value: float
@@ -1058,11 +1144,19 @@ def _strata(dp: DecisionPoints, per_run: bool) -> IntArray | None:
     return np.asarray(inverse, dtype=np.int64)
 
 
-def _rule_fields(base: TunedHeuristic, tuned: Tuned) -> dict[str, Any]:
+def _rule_fields(
+    base: TunedHeuristic, tuned: Tuned, nets: SafetyConfig, overrules: frozenset[str], stop_on: str
+) -> dict[str, Any]:
+    """The manifest fields of a learned policy's rules: its config, base rule, margins, what it overrules."""
     return {
+        "safety": base.rule.own_config(nets).to_dict(),
         "rule": base.to_safety_config().to_dict(),
         "rule_name": base.name,
         "rule_text": base.rule.describe(base.cost_unit),
+        "proposals": "accept" if base.rule.proposals else "refuse",
+        "overrules": sorted(overrules),
+        "stop_on": stop_on,
+        **({"evidence": DEFAULT_EVIDENCE.to_dict()} if stop_on == "evidence" else {}),
         "margins": {
             "stop": tuned.margin_stop if math.isfinite(tuned.margin_stop) else None,
             "continue": tuned.margin_continue if math.isfinite(tuned.margin_continue) else None,

@@ -2,19 +2,37 @@
 
 A rule stops a run at its first decision point where it fires; a run it never
 stops gets its logged end (no policy can continue past what was logged). Its
-value on a trace is ``q - lam * c`` there. The baselines are the nets a user
-could set by hand: a turn cap, a cost cap, a reward threshold (``quality_met``),
-the loop detector, and the best combination of them. Each tuned rule converts
-to a :class:`stopserve.safety.SafetyConfig`, so it can ship as a policy.
+value on a trace is ``q - lam * c`` there. The baselines are the rules a user
+could set by hand, each served as a :class:`stopserve.policy.Policy` of kind
+``heuristic`` (its safety config and base rule):
+
+* ``never_stop``: no rule at all, proposed stops refused: the run goes on to its end
+  (or to a budget net);
+* ``loop_detector``: the default rules alone (the loop detector, ``quality_met`` at the
+  config's quality target, proposed stops accepted): what a service with no model does;
+* ``turn_cap``, ``cost_cap``, ``reward_threshold``: the default rules plus one tuned cap;
+* ``combination``: the best combination of every part (caps, reward threshold, loop
+  detector on or off, ``quality_met`` on or off, proposals accepted or refused), by
+  coordinate ascent from the best single family.
+
+Thresholds are tuned by a mean-minus-standard-error rule (:data:`PESSIMISM` standard
+errors of the per-trace gain over the rule without it must be cleared), not the
+in-sample maximum, so a cap whose gain rests on a few runs is not taken; families are
+ranked by cross-validation repeated over several grouped fold assignments
+(:func:`rank_families`). With ``fixed_rules`` (a model meant for systems it has not
+seen) the loop detector and ``quality_met`` are always on; with ``transferable`` only
+rules that mean the same on any system are tuned (no turn or cost cap, no reward
+threshold below the quality target).
 
 >>> tuned = tune_heuristics(dp, lam=0.2)           # doctest: +SKIP
->>> tuned["combination"].to_safety_config()               # doctest: +SKIP
+>>> tuned["combination"].policy()                  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import numpy as np
@@ -25,13 +43,16 @@ from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray, Int
 
 __all__ = [
     "HEURISTICS",
+    "PESSIMISM",
     "HeuristicRule",
     "Replay",
+    "RuleFires",
     "TunedHeuristic",
     "cross_fit_heuristics",
     "group_folds",
     "oracle_mask",
     "policy_mask",
+    "rank_families",
     "replay",
     "sweep",
     "tune_heuristics",
@@ -39,10 +60,11 @@ __all__ = [
 
 #: Names of the tuned baselines, in report order.
 HEURISTICS: Final[tuple[str, ...]] = (
+    "never_stop",
+    "loop_detector",
     "turn_cap",
     "cost_cap",
     "reward_threshold",
-    "loop_detector",
     "combination",
 )
 
@@ -51,6 +73,17 @@ DEFAULT_MIN_TURNS: Final = 1
 
 #: Candidate thresholds tried per parameter (quantiles of the observed values).
 GRID_SIZE: Final = 64
+
+#: Standard errors of the per-trace gain a tuned parameter must clear (mean − PESSIMISM·SE > 0).
+PESSIMISM: Final = 1.0
+
+#: Repetitions of grouped cross-validation that rank the families (fold assignments by seed).
+RANK_REPEATS: Final = 3
+
+#: At most this many groups: families are ranked by leave-one-group-out instead.
+LOGO_MAX_GROUPS: Final = 12
+
+_EPS: Final = 1e-12
 
 
 @dataclass(frozen=True)
@@ -91,36 +124,91 @@ def replay(dp: DecisionPoints, stop: npt.NDArray[np.bool_], lam: float) -> Repla
 
 
 @dataclass(frozen=True)
-class HeuristicRule:
-    """A combination of hand-set nets; ``None`` turns a net off.
+class RuleFires:
+    """Where each kind of rule of a policy fires, per row (``Policy.decide``'s rule kinds).
 
-    ``cost_cap`` is in the decision points' cost unit; a cap fires at the first
-    decision point where the value reaches it (``>=``), as the safety nets do.
+    ``loop`` (the config's loop detector, never vetoed by ``min_turns``), ``quality`` (its
+    ``quality_met``), ``rule`` (the base rule: caps, reward threshold) and ``proposed`` (a
+    proposed stop the policy accepts); the last three only where ``min_turns`` allows a stop.
+    """
+
+    loop: BoolArray
+    quality: BoolArray
+    rule: BoolArray
+    proposed: BoolArray
+
+    def any(self, kinds: Sequence[str] = ("loop", "quality", "rule", "proposed")) -> BoolArray:
+        """Where any of ``kinds`` fires."""
+        out = np.zeros(self.loop.shape, dtype=bool)
+        for kind in kinds:
+            out |= getattr(self, kind)
+        return out
+
+
+def policy_mask(dp: DecisionPoints, fires: RuleFires) -> BoolArray:
+    """Where a served policy with these rules (and no model) stops: a net, or any rule.
+
+    The same handicaps as every other policy: the budget nets stop the run, then its
+    rules (``Policy.decide``; tested against it).
+    """
+    return dp.net_stop | fires.any()
+
+
+@dataclass(frozen=True)
+class HeuristicRule:
+    """A hand-set rule; ``None`` turns a cap off.
+
+    ``cost_cap`` is in the decision points' cost unit; a cap fires at the first decision
+    point where the value reaches it (``>=``), as the nets do. ``loop`` and ``quality``
+    switch the safety config's loop detector and ``quality_met`` on or off; ``proposals``
+    says whether the orchestrator's proposed stops are taken.
     """
 
     turn_cap: int | None = None
     cost_cap: float | None = None
     reward_threshold: float | None = None
-    loop: bool = False
+    loop: bool = True
+    quality: bool = True
+    proposals: bool = True
     min_turns: int = DEFAULT_MIN_TURNS
 
-    def stop_mask(self, dp: DecisionPoints) -> BoolArray:
-        """Per-row flags: where this rule fires (see :func:`policy_mask` for the served policy)."""
-        stop = np.zeros(dp.n_rows, dtype=bool)
+    def fires(self, dp: DecisionPoints) -> RuleFires:
+        """Where each part of this rule fires on ``dp`` (see :class:`RuleFires`)."""
+        cap = np.zeros(dp.n_rows, dtype=bool)
         if self.turn_cap is not None:
-            stop |= dp.turn >= self.turn_cap
+            cap |= dp.turn >= self.turn_cap
         if self.cost_cap is not None:
-            stop |= dp.c_raw >= self.cost_cap
+            cap |= dp.c_raw >= self.cost_cap
         if self.reward_threshold is not None:
             with np.errstate(invalid="ignore"):
                 met = dp.latest_reward >= self.reward_threshold  # nan (no reward yet) -> False
-            stop |= met & (dp.turn >= self.min_turns)
-        if self.loop:
-            stop |= dp.loop
-        return stop
+            cap |= met & (dp.turn >= self.min_turns)
+        off = np.zeros(dp.n_rows, dtype=bool)
+        return RuleFires(
+            loop=dp.loop if self.loop else off,
+            quality=dp.quality if self.quality else off,
+            rule=cap & dp.allowed,
+            proposed=dp.proposed & dp.allowed if self.proposals else off,
+        )
 
-    def to_safety_config(self, cost_unit: str) -> Any:
-        """This rule as a :class:`stopserve.safety.SafetyConfig` (every other net off).
+    def stop_mask(self, dp: DecisionPoints) -> BoolArray:
+        """Per-row flags: where this rule, served as a policy, stops (nets included)."""
+        return policy_mask(dp, self.fires(dp))
+
+    @property
+    def is_never_stop(self) -> bool:
+        """No part of the rule can stop a run."""
+        return (
+            self.turn_cap is None
+            and self.cost_cap is None
+            and self.reward_threshold is None
+            and not self.loop
+            and not self.quality
+            and not self.proposals
+        )
+
+    def base_config(self, cost_unit: str) -> Any:
+        """The base rule as a :class:`stopserve.safety.SafetyConfig`: its caps and threshold only.
 
         The reward threshold reads the run's primary channel, as the tuning did.
         """
@@ -134,6 +222,7 @@ class HeuristicRule:
             "quality_met": self.reward_threshold,
             "quality_channel": None,
             "min_turns": self.min_turns,
+            "loop": None,
         }
         if self.cost_cap is not None:
             if cost_unit == "usd":
@@ -144,12 +233,19 @@ class HeuristicRule:
                 data["max_seconds"] = self.cost_cap
             else:
                 raise TrainingError(f"cost unit {cost_unit!r} has no safety-net budget")
-        if not self.loop:
-            data["loop"] = None
         return SafetyConfig.model_validate(data)
 
+    def own_config(self, nets: Any) -> Any:
+        """The safety config this rule serves with: ``nets`` with its loop and quality_met switched."""
+        changes: dict[str, Any] = {}
+        if not self.loop:
+            changes["loop"] = {**nets.loop.model_dump(), "enabled": False}
+        if not self.quality:
+            changes["quality_met"] = None
+        return nets.replace(**changes) if changes else nets
+
     def describe(self, cost_unit: str) -> str:
-        """Short human form, e.g. ``turn cap 12 | cost cap 0.5 usd``."""
+        """Short human form, e.g. ``turn cap 12 | loop detector | quality_met``."""
         parts: list[str] = []
         if self.turn_cap is not None:
             parts.append(f"turn cap {self.turn_cap}")
@@ -159,7 +255,28 @@ class HeuristicRule:
             parts.append(f"reward >= {self.reward_threshold:.4g}")
         if self.loop:
             parts.append("loop detector")
+        if self.quality:
+            parts.append("quality_met")
+        if self.proposals:
+            parts.append("proposed stops")
         return " | ".join(parts) or "never stop (run to the logged end)"
+
+
+#: Each family's starting rule and the parameter it tunes (``None``: nothing tuned).
+_FAMILIES: Final[dict[str, tuple[HeuristicRule, str | None]]] = {
+    "never_stop": (HeuristicRule(loop=False, quality=False, proposals=False), None),
+    "loop_detector": (HeuristicRule(), None),
+    "turn_cap": (HeuristicRule(), "turn_cap"),
+    "cost_cap": (HeuristicRule(), "cost_cap"),
+    "reward_threshold": (HeuristicRule(), "reward_threshold"),
+}
+#: Parameters coordinate ascent may move in ``combination``.
+_PARAMS: Final[tuple[str, ...]] = ("turn_cap", "cost_cap", "reward_threshold", "loop", "quality", "proposals")
+#: Parameters that mean the same on any system (``transferable``): a cap tuned on one system's
+#: runs would cut another's, and a reward threshold below the target is a hidden quality target.
+_TRANSFERABLE: Final = frozenset({"loop", "quality", "proposals"})
+#: Parameters ``fixed_rules`` keeps as they are (the loop detector and quality_met always on).
+_RULE_SWITCHES: Final = frozenset({"loop", "quality"})
 
 
 @dataclass(frozen=True)
@@ -174,41 +291,68 @@ class TunedHeuristic:
 
     @property
     def parameter(self) -> dict[str, Any]:
-        """The tuned parameter(s) that are on (``min_turns`` only with a reward threshold)."""
-        on = {k: v for k, v in asdict(self.rule).items() if v is not None and v is not False}
-        if self.rule.reward_threshold is None:
-            on.pop("min_turns", None)
+        """The tuned caps that are on, and the rule switches."""
+        rule = self.rule
+        on: dict[str, Any] = {
+            k: getattr(rule, k)
+            for k in ("turn_cap", "cost_cap", "reward_threshold")
+            if getattr(rule, k) is not None
+        }
+        if rule.reward_threshold is not None:
+            on["min_turns"] = rule.min_turns
+        on.update(
+            loop=rule.loop, quality_met=rule.quality, proposals="accept" if rule.proposals else "refuse"
+        )
         return on
 
     def stop_mask(self, dp: DecisionPoints) -> BoolArray:
-        """Where the tuned rule stops on (other) decision points."""
+        """Where the tuned rule, served as a policy, stops on (other) decision points."""
+        self._check_unit(dp)
+        return self.rule.stop_mask(dp)
+
+    def fires(self, dp: DecisionPoints) -> RuleFires:
+        """Where each part of the tuned rule fires on (other) decision points."""
+        self._check_unit(dp)
+        return self.rule.fires(dp)
+
+    def _check_unit(self, dp: DecisionPoints) -> None:
         if dp.cost_unit != self.cost_unit and self.rule.cost_cap is not None:
             raise TrainingError(
                 f"heuristic tuned with cost unit {self.cost_unit!r} applied to {dp.cost_unit!r} costs"
             )
-        return self.rule.stop_mask(dp)
 
     def to_safety_config(self) -> Any:
-        """The tuned rule as a :class:`stopserve.safety.SafetyConfig`, ready to ship as a policy."""
-        return self.rule.to_safety_config(self.cost_unit)
+        """The base rule (caps and threshold) as a :class:`stopserve.safety.SafetyConfig`."""
+        return self.rule.base_config(self.cost_unit)
 
-    def manifest(self) -> dict[str, Any]:
-        """The manifest of a heuristic policy serving this rule (``kind: heuristic``)."""
+    def manifest(self, nets: Any = None) -> dict[str, Any]:
+        """The manifest of a heuristic policy serving this rule (``kind: heuristic``).
+
+        ``nets`` is the safety config the rule was tuned with (default
+        :data:`stopserve.safety.DEFAULT_SAFETY`); the policy's own config is that config
+        with the rule's loop detector and ``quality_met`` switches.
+        """
+        from stopserve.safety import DEFAULT_SAFETY
+
+        own = self.rule.own_config(DEFAULT_SAFETY if nets is None else nets)
         return {
             "kind": "heuristic",
             "method": "heuristic",
             "cost_unit": self.cost_unit,
+            "safety": own.to_dict(),
             "rule": self.to_safety_config().to_dict(),
             "rule_name": self.name,
             "rule_text": self.rule.describe(self.cost_unit),
+            "proposals": "accept" if self.rule.proposals else "refuse",
+            "overrules": [],
             "heuristic": self.to_dict(),
         }
 
-    def policy(self) -> Any:
+    def policy(self, nets: Any = None) -> Any:
         """This rule as a served :class:`stopserve.policy.Policy` (for replays through ``decide``)."""
         from stopserve.policy import Policy
 
-        return Policy.from_manifest(self.manifest(), source=f"heuristic {self.name}")
+        return Policy.from_manifest(self.manifest(nets), source=f"heuristic {self.name}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary."""
@@ -236,14 +380,14 @@ def _grid(values: FloatArray, size: int = GRID_SIZE) -> list[float]:
 
 
 def _candidates(dp: DecisionPoints, param: str) -> list[Any]:
-    """Values tried for one parameter; ``None`` (off) always first, so ties keep the net off."""
+    """Values tried for one parameter (other than the rule's own)."""
     if param == "turn_cap":
         return [None, *(int(v) for v in _grid(dp.turn.astype(np.float64)) if v >= 1)]
     if param == "cost_cap":
         return [None, *(v for v in _grid(dp.c_raw) if v > 0)]
     if param == "reward_threshold":
         return [None, *_grid(dp.latest_reward)]
-    if param == "loop":
+    if param in ("loop", "quality", "proposals"):
         return [False, True]
     raise ValueError(param)
 
@@ -257,32 +401,40 @@ def oracle_mask(dp: DecisionPoints, lam: float) -> BoolArray:
     return np.asarray(r >= best[dp.trace_idx] - 1e-12, dtype=bool)
 
 
-def policy_mask(dp: DecisionPoints, fires: BoolArray) -> BoolArray:
-    """Where a served policy whose base rule fires at ``fires`` (and that has no model) stops.
+def _lcb(gain: FloatArray) -> float:
+    """``mean − PESSIMISM · standard error`` of per-trace gains."""
+    n = gain.size
+    if n == 0:
+        return 0.0
+    mean = float(gain.mean())
+    return mean - PESSIMISM * float(gain.std()) / math.sqrt(n)
 
-    The same handicaps as every other policy: the safety nets in force stop the run, and
-    after the nets' ``min_turns`` the rule's stops and the orchestrator's proposed stops
-    are taken (``Policy.decide``; tested against it).
+
+def _best(dp: DecisionPoints, rule: HeuristicRule, param: str, lam: float) -> tuple[HeuristicRule, float]:
+    """The setting of ``param`` whose gain over ``rule`` has the best lower bound (above 0), and its value.
+
+    Ties (within 1e-12) keep the earlier candidate; no setting clearing the bound keeps ``rule``.
     """
-    return dp.net_stop | (dp.allowed & (fires | dp.proposed))
-
-
-def _best(dp: DecisionPoints, base: HeuristicRule, param: str, lam: float) -> tuple[HeuristicRule, float]:
-    best_rule, best_value = base, -math.inf
+    ref = replay(dp, rule.stop_mask(dp), lam).value
+    best_rule, best_score = rule, 0.0
+    current = getattr(rule, param)
     for v in _candidates(dp, param):
-        rule = replace(base, **{param: v})
-        value = replay(dp, policy_mask(dp, rule.stop_mask(dp)), lam).mean_value
-        if value > best_value + 1e-12:
-            best_rule, best_value = rule, value
-    return best_rule, best_value
+        if v == current:
+            continue
+        cand = replace(rule, **{param: v})
+        gain = replay(dp, cand.stop_mask(dp), lam).value - ref
+        score = _lcb(gain)
+        if score > best_score + _EPS:
+            best_rule, best_score = cand, score
+    return best_rule, replay(dp, best_rule.stop_mask(dp), lam).mean_value
 
 
-_SINGLE: Final[dict[str, str]] = {
-    "turn_cap": "turn_cap",
-    "cost_cap": "cost_cap",
-    "reward_threshold": "reward_threshold",
-    "loop_detector": "loop",
-}
+def _allowed_params(fixed_rules: bool, transferable: bool) -> tuple[str, ...]:
+    return tuple(
+        p
+        for p in _PARAMS
+        if (not transferable or p in _TRANSFERABLE) and not (fixed_rules and p in _RULE_SWITCHES)
+    )
 
 
 def tune_heuristics(
@@ -292,51 +444,61 @@ def tune_heuristics(
     min_turns: int = DEFAULT_MIN_TURNS,
     rounds: int = 3,
     transferable: bool = False,
+    fixed_rules: bool = False,
 ) -> dict[str, TunedHeuristic]:
-    """Tune every baseline to the best mean value on ``dp`` at ``lam``.
+    """Tune every family on ``dp`` at ``lam`` (keys: :data:`HEURISTICS`).
 
-    Keys are :data:`HEURISTICS`; ``"combination"`` is the best combination, found by
-    coordinate ascent from the best single net (it is never below any single
-    one). A net that does not help is left off: e.g. ``reward_threshold`` with
-    no reward events is "never stop", worth the behavior value. Every candidate is
-    replayed as it would be served (:func:`policy_mask`). ``transferable`` keeps only
-    rules that mean the same on any system, the reward threshold (rewards are in [0, 1])
-    and the loop detector: a turn or cost cap tuned on one system's runs would cut
-    another's, whose runs are ten times longer or dearer.
+    Each single family tunes its one cap (a setting is taken only where its per-trace
+    gain over the rule without it clears :data:`PESSIMISM` standard errors);
+    ``combination`` moves every allowed part by coordinate ascent from the best single
+    family, with the same bound at every move (it is never below that family
+    in-sample). ``transferable`` tunes only the parts that mean the same on any system;
+    ``fixed_rules`` keeps the loop detector and ``quality_met`` on (``never_stop`` then
+    only refuses proposals). Every candidate is replayed as it would be served.
     """
     if lam < 0 or not math.isfinite(lam):
         raise TrainingError(f"lambda must be a finite number >= 0, got {lam}")
-    base = HeuristicRule(min_turns=min_turns)
-    params = {k: v for k, v in _SINGLE.items() if not transferable or v in ("reward_threshold", "loop")}
+    allowed = _allowed_params(fixed_rules, transferable)
     out: dict[str, TunedHeuristic] = {}
-    for name, param in _SINGLE.items():
-        if param in params.values():
-            rule, value = _best(dp, base, param, lam)
+    for name, (start, param) in _FAMILIES.items():
+        rule = replace(start, min_turns=min_turns)
+        if fixed_rules:
+            rule = replace(rule, loop=True, quality=True)
+        if param is not None and param in allowed:
+            rule, value = _best(dp, rule, param, lam)
         else:
-            rule, value = base, replay(dp, policy_mask(dp, base.stop_mask(dp)), lam).mean_value
+            value = replay(dp, rule.stop_mask(dp), lam).mean_value
         out[name] = TunedHeuristic(name, rule, value, dp.cost_unit, lam)
-    start = max(out.values(), key=lambda h: h.value)
-    rule, value = start.rule, start.value
+    start_h = max(out.values(), key=lambda h: h.value)
+    rule, value = start_h.rule, start_h.value
     for _ in range(rounds):
-        improved = False
-        for param in params.values():
+        moved = False
+        for param in allowed:
             new_rule, new_value = _best(dp, rule, param, lam)
-            if new_value > value + 1e-12:
-                rule, value, improved = new_rule, new_value, True
-        if not improved:
+            if new_rule != rule:
+                rule, value, moved = new_rule, new_value, True
+        if not moved:
             break
     out["combination"] = TunedHeuristic("combination", rule, value, dp.cost_unit, lam)
     return out
 
 
+def canonical_name(rule: HeuristicRule, fixed_rules: bool = False) -> str | None:
+    """The simplest family whose rule this is (``never_stop``, ``loop_detector``), else ``None``."""
+    if rule.turn_cap is None and rule.cost_cap is None and rule.reward_threshold is None:
+        if not rule.proposals and (fixed_rules or (not rule.loop and not rule.quality)):
+            return "never_stop"
+        if rule.proposals and rule.loop and rule.quality:
+            return "loop_detector"
+    return None
+
+
 def sweep(dp: DecisionPoints, name: str, lam: float) -> list[tuple[Any, Replay]]:
-    """Every candidate setting of one single-net heuristic with its replay (for Pareto plots)."""
-    param = _SINGLE[name]
-    base = HeuristicRule()
-    return [
-        (v, replay(dp, policy_mask(dp, replace(base, **{param: v}).stop_mask(dp)), lam))
-        for v in _candidates(dp, param)
-    ]
+    """Every candidate setting of one single-cap family with its replay (for Pareto plots)."""
+    base, param = _FAMILIES[name]
+    if param is None:
+        return [(None, replay(dp, base.stop_mask(dp), lam))]
+    return [(v, replay(dp, replace(base, **{param: v}).stop_mask(dp), lam)) for v in _candidates(dp, param)]
 
 
 def group_folds(groups: npt.NDArray[np.str_], folds: int, seed: int) -> IntArray:
@@ -362,6 +524,7 @@ def cross_fit_heuristics(
     seed: int = 0,
     min_turns: int = DEFAULT_MIN_TURNS,
     transferable: bool = False,
+    fixed_rules: bool = False,
     fold: IntArray | None = None,
 ) -> tuple[IntArray, list[dict[str, TunedHeuristic]]]:
     """Every baseline tuned once per fold without that fold's groups (grouped k-fold).
@@ -377,7 +540,74 @@ def cross_fit_heuristics(
     for f in range(int(fold.max()) + 1):
         tuned.append(
             tune_heuristics(
-                dp.subset(all_traces[fold != f]), lam, min_turns=min_turns, transferable=transferable
+                dp.subset(all_traces[fold != f]),
+                lam,
+                min_turns=min_turns,
+                transferable=transferable,
+                fixed_rules=fixed_rules,
             )
         )
     return fold, tuned
+
+
+@dataclass(frozen=True)
+class FamilyRanking:
+    """Families ranked by repeated grouped cross-validation (:func:`rank_families`)."""
+
+    #: family -> mean cross-validated value over traces (each trace's value averaged over repeats)
+    values: Mapping[str, float]
+    #: family -> each trace's cross-validated value, averaged over the repeats
+    per_trace: Mapping[str, FloatArray]
+    #: the chosen family: the best mean, ties going to the simpler family (HEURISTICS order)
+    best: str
+    #: how the folds were drawn: "logo" (leave one group out) or "k-fold x repeats"
+    scheme: str
+
+
+def rank_families(
+    dp: DecisionPoints,
+    lam: float,
+    *,
+    folds: int = 5,
+    repeats: int = RANK_REPEATS,
+    seed: int = 0,
+    min_turns: int = DEFAULT_MIN_TURNS,
+    transferable: bool = False,
+    fixed_rules: bool = False,
+) -> FamilyRanking:
+    """Rank the families by cross-validation repeated over ``repeats`` grouped fold assignments.
+
+    Every trace is scored by each family tuned without its group, once per repeat; its
+    values are averaged over the repeats, and a family's figure is the mean over traces.
+    With at most :data:`LOGO_MAX_GROUPS` groups the folds leave one group out (one repeat:
+    there is nothing to reshuffle). One noisy split no longer picks the family.
+    """
+    n_groups = int(np.unique(dp.group).size)
+    if n_groups < 2:
+        raise TrainingError(f"only {n_groups} group in the traces: families cannot be cross-validated")
+    assignments: list[IntArray]
+    if n_groups <= LOGO_MAX_GROUPS:
+        _, gid = np.unique(dp.group, return_inverse=True)
+        assignments = [np.asarray(gid, dtype=np.int64)]
+        scheme = "leave one group out"
+    else:
+        assignments = [group_folds(dp.group, folds, seed + r) for r in range(repeats)]
+        scheme = f"{min(folds, n_groups)}-fold x {repeats}"
+    sums = {h: np.zeros(dp.n_traces) for h in HEURISTICS}
+    traces = np.arange(dp.n_traces)
+    for fold in assignments:
+        _, per_fold = cross_fit_heuristics(
+            dp, lam, min_turns=min_turns, transferable=transferable, fixed_rules=fixed_rules, fold=fold
+        )
+        for f, tuned in enumerate(per_fold):
+            mine = traces[fold == f]
+            sub = dp.subset(mine)
+            for h in HEURISTICS:
+                sums[h][mine] += replay(sub, tuned[h].stop_mask(sub), lam).value
+    per_trace = {h: s / len(assignments) for h, s in sums.items()}
+    values = {h: float(v.mean()) for h, v in per_trace.items()}
+    best = HEURISTICS[0]
+    for h in HEURISTICS:  # strictly better than every simpler family, beyond rounding
+        if values[h] > values[best] + 1e-9:
+            best = h
+    return FamilyRanking(values=values, per_trace=per_trace, best=best, scheme=scheme)

@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stopserve.errors import TrainingError
+from stopserve.evidence import DEFAULT_EVIDENCE, Evidence, stall
 from stopserve.features import FEATURE_NAMES, RunState
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Event, Trace, is_decision_point, read_traces
@@ -96,8 +97,13 @@ class DecisionPoints:
     tokens: FloatArray
     usd: FloatArray
     latest_reward: FloatArray  # nan before the first reward event
+    #: the loop detector of the safety config in force (``nets`` of :func:`build_decision_points`) fires
     loop: BoolArray
-    #: a safety net in force (``nets`` of :func:`build_decision_points`) fires here
+    #: its ``quality_met`` fires (only where ``min_turns`` allows a stop)
+    quality: BoolArray
+    #: the run shows a stall here (:func:`stopserve.evidence.stall`): a model stopping on evidence may stop
+    stall: BoolArray
+    #: a net (a budget of that config, or the run's own budget) fires here: it always wins
     net_stop: BoolArray
     #: the nets' ``min_turns`` is reached: a rule, model or proposed stop may happen
     allowed: BoolArray
@@ -174,6 +180,8 @@ class DecisionPoints:
             usd=self.usd[rows],
             latest_reward=self.latest_reward[rows],
             loop=self.loop[rows],
+            quality=self.quality[rows],
+            stall=self.stall[rows],
             net_stop=self.net_stop[rows],
             allowed=self.allowed[rows],
             proposed=self.proposed[rows],
@@ -192,24 +200,6 @@ class DecisionPoints:
             feature_names=self.feature_names,
             rule_stops=self.rule_stops[rows] if self.rule_stops.size else self.rule_stops,
         )
-
-
-# --------------------------------------------------------------------------- cost unit
-
-
-# --------------------------------------------------------------------------- loop flag
-
-
-def _loop_flagger() -> Callable[[RunState], bool]:
-    """Whether the loop detector at its default thresholds fires on a state."""
-    from stopserve.safety import LoopConfig
-
-    detector = LoopConfig()
-
-    def flag(state: RunState) -> bool:
-        return detector.check(state) is not None
-
-    return flag
 
 
 # --------------------------------------------------------------------------- building
@@ -232,6 +222,8 @@ class _Columns:
         self.q_filled = array("b")
         self.latest_reward = array("d")
         self.loop = array("b")
+        self.quality = array("b")
+        self.stall = array("b")
         self.net_stop = array("b")
         self.allowed = array("b")
         self.proposed = array("b")
@@ -266,6 +258,14 @@ def fold_events(trace: Trace, state: RunState) -> Iterator[tuple[Event, bool]]:
         yield ev, row
 
 
+def _quality_met(nets: SafetyConfig, state: RunState) -> bool:
+    """The config's own ``quality_met`` rule (its flat part: composed parts are not tuned)."""
+    if nets.quality_met is None:
+        return False
+    value = state.latest_reward_on(nets.quality_channel)
+    return value is not None and value >= nets.quality_met
+
+
 def _team_outcome(trace: Trace) -> float | None:
     team = trace.rewards.get("team")
     if team is None or not math.isfinite(team):
@@ -295,6 +295,8 @@ class DecisionPart:
     q_filled: BoolArray
     latest_reward: FloatArray
     loop: BoolArray
+    quality: BoolArray
+    stall: BoolArray
     net_stop: BoolArray
     allowed: BoolArray
     proposed: BoolArray
@@ -346,8 +348,9 @@ def build_decision_points(
     ``"repo"`` (the task id's prefix before ``"__"``, e.g. ``django`` for
     ``django__django-12345``). ``stop_rules`` are called as ``rule(state,
     proposed_stop)`` at every decision point; their answers fill ``rule_stops``.
-    ``nets`` (default :data:`stopserve.safety.DEFAULT_SAFETY`) are the safety nets a
-    served policy runs with: where they fire fills ``net_stop``, where their
+    ``nets`` (default :data:`stopserve.safety.DEFAULT_SAFETY`) is the safety config a
+    served policy runs with: where its budgets (or the run's own) fire fills
+    ``net_stop``, where its rules fire fills ``loop`` and ``quality``, where its
     ``min_turns`` allows a stop fills ``allowed``, so replays give every candidate
     policy the same handicaps. ``normalize_cost`` divides each trace's costs by the
     mean logged cost of its data set (``system`` up to the first "/"), so that a
@@ -384,12 +387,12 @@ def decision_part(
     progress: bool = False,
     stop_rules: Sequence[StopRule] = (),
     nets: SafetyConfig | None = None,
+    evidence: Evidence = DEFAULT_EVIDENCE,
 ) -> DecisionPart:
     """Fold every trace once: the rows of :func:`build_decision_points`, in every cost unit.
 
     No traces give an empty part. Raises :class:`TrainingError` when a trace has no outcome.
     """
-    loop_flag = _loop_flagger()
     if nets is None:
         from stopserve.safety import DEFAULT_SAFETY
 
@@ -456,11 +459,14 @@ def decision_part(
             # the reward the quality_met net reads: the run's primary channel
             latest = state.latest_reward
             cols.latest_reward.append(math.nan if latest is None else float(latest))
-            cols.loop.append(loop_flag(state))
+            allowed = nets.allows_stop(state)
+            cols.loop.append(nets.loop.check(state) is not None)
+            cols.quality.append(allowed and _quality_met(nets, state))
+            cols.stall.append(stall(state, evidence) is not None)
             proposed = ev.type == "stop" and bool(ev.proposed)
             cols.proposed.append(proposed)
-            cols.net_stop.append(nets.check(state) is not None)
-            cols.allowed.append(nets.allows_stop(state))
+            cols.net_stop.append(nets.check_budgets(state) is not None)
+            cols.allowed.append(allowed)
             if stop_rules:
                 cols.rule_stops.extend(bool(rule(state, proposed)) for rule in stop_rules)
         # the logged end: every event folded
@@ -508,6 +514,8 @@ def decision_part(
         q_filled=np.array(cols.q_filled, dtype=bool),
         latest_reward=np.array(cols.latest_reward, dtype=np.float64),
         loop=np.array(cols.loop, dtype=bool),
+        quality=np.array(cols.quality, dtype=bool),
+        stall=np.array(cols.stall, dtype=bool),
         net_stop=np.array(cols.net_stop, dtype=bool),
         allowed=np.array(cols.allowed, dtype=bool),
         proposed=np.array(cols.proposed, dtype=bool),
@@ -604,6 +612,8 @@ def assemble_decision_points(
         usd=cat("usd"),
         latest_reward=cat("latest_reward"),
         loop=cat("loop"),
+        quality=cat("quality"),
+        stall=cat("stall"),
         net_stop=cat("net_stop"),
         allowed=cat("allowed"),
         proposed=cat("proposed"),

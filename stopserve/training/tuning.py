@@ -23,10 +23,10 @@ from typing import Final
 
 import numpy as np
 
-from stopserve.training.heuristics import policy_mask, replay
+from stopserve.training.heuristics import RuleFires, policy_mask, replay
 from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray, IntArray
 
-__all__ = ["PESSIMISM", "Tuned", "learned_mask", "tune_policy"]
+__all__ = ["ALL_RULES", "PESSIMISM", "Tuned", "learned_mask", "split_fires", "tune_policy"]
 
 #: Standard errors a deviation's mean gain must clear.
 PESSIMISM: Final = 1.0
@@ -59,23 +59,63 @@ class Tuned:
         return math.isfinite(self.margin_stop) or math.isfinite(self.margin_continue)
 
 
+#: ``Policy.decide``'s rule kinds (manifest ``overrules``) by the :class:`RuleFires` field each reads.
+_KIND_FIELD: Final[dict[str, str]] = {
+    "loop": "loop",
+    "quality_met": "quality",
+    "rule": "rule",
+    "proposed": "proposed",
+}
+#: What a learned model trained with tuned rules may overrule: every rule.
+ALL_RULES: Final = frozenset(_KIND_FIELD)
+
+
+def split_fires(fires: RuleFires, overrules: frozenset[str]) -> tuple[BoolArray, BoolArray]:
+    """``(hard, soft)``: where a rule the model may not overrule fires, and where only rules it may.
+
+    As ``Policy.decide`` reads them: the config's ``quality_met`` counts only where its
+    loop detector did not fire first.
+    """
+    kinds = {
+        "loop": fires.loop,
+        "quality_met": fires.quality & ~fires.loop,
+        "rule": fires.rule,
+        "proposed": fires.proposed,
+    }
+    n = fires.loop.shape[0]
+    hard = np.zeros(n, dtype=bool)
+    soft = np.zeros(n, dtype=bool)
+    for kind, where in kinds.items():
+        if kind in overrules:
+            soft |= where
+        else:
+            hard |= where
+    return hard, soft
+
+
 def learned_mask(
     dp: DecisionPoints,
     v: FloatArray,
-    fires: BoolArray,
+    fires: RuleFires,
     *,
     margin_stop: float,
     margin_continue: float,
     min_turns: int,
+    overrules: frozenset[str] = ALL_RULES,
+    stall: BoolArray | None = None,
 ) -> BoolArray:
     """Where the served learned policy stops: ``Policy.decide`` on every row at once.
 
-    ``fires`` marks where the base rule fires, ``v`` is the value of continuing.
+    ``fires`` says where each of the policy's rules fires, ``v`` is the value of
+    continuing, ``overrules`` the rule kinds the model may overrule, ``stall`` (for a model
+    that stops on evidence only) where the run shows a stall.
     """
-    base = fires | dp.proposed
+    hard, soft = split_fires(fires, overrules)
     keep_going = v > margin_continue
-    model = ~base & (dp.turn >= min_turns) & (v < -margin_stop)
-    return dp.net_stop | (dp.allowed & ((base & ~keep_going) | model))
+    model = ~(hard | soft) & dp.allowed & (dp.turn >= min_turns) & (v < -margin_stop)
+    if stall is not None:
+        model &= stall
+    return dp.net_stop | hard | (soft & ~keep_going) | model
 
 
 def _lcb(mean: float, sq_sum: float, n: int) -> float:
@@ -175,27 +215,32 @@ def _continue_grid(v: FloatArray, where: BoolArray) -> list[float]:
 def tune_policy(
     dp: DecisionPoints,
     v: FloatArray,
-    fires: BoolArray,
+    fires: RuleFires,
     lam: float,
     *,
     min_turns: tuple[int, ...] = (1, 2, 3),
     strata: IntArray | None = None,
+    overrules: frozenset[str] = ALL_RULES,
+    stall: BoolArray | None = None,
 ) -> Tuned:
     """Margins and ``min_turns`` of the learned policy on ``dp``, against its base rule ``fires``.
 
     Returns the pure base rule (both margins infinite) unless some deviation's lower
     confidence bound of the gain is above 0 (and, with ``strata``, its mean gain is not
-    negative in any stratum: see :func:`_sweep`).
+    negative in any stratum: see :func:`_sweep`). ``overrules`` and ``stall`` are the
+    served policy's (:func:`learned_mask`).
     """
     ref = replay(dp, policy_mask(dp, fires), lam).value
     ref_mean = float(ref.mean())
     best = Tuned(math.inf, math.inf, min(min_turns), 0.0, 0.0, ref_mean)
-    base = fires | dp.proposed
-    for m_c in _continue_grid(v, dp.allowed & base):
+    hard, soft = split_fires(fires, overrules)
+    for m_c in _continue_grid(v, soft):
         keep_going = v > m_c
-        extra = dp.net_stop | (dp.allowed & base & ~keep_going)
+        extra = dp.net_stop | hard | (soft & ~keep_going)
         for mt in min_turns:
-            eligible = dp.allowed & ~base & (dp.turn >= mt)
+            eligible = dp.allowed & ~(hard | soft) & (dp.turn >= mt)
+            if stall is not None:
+                eligible &= stall
             h, gain, score = _sweep(dp, v, eligible, extra, lam, ref, strata)
             if score > best.score + _EPS:
                 best = Tuned(-h if math.isfinite(h) else math.inf, m_c, mt, score, gain, ref_mean + gain)

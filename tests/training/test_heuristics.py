@@ -8,6 +8,7 @@ from eval_helpers import step_trace
 
 from stopserve.errors import TrainingError
 from stopserve.features import RunState
+from stopserve.safety import DEFAULT_SAFETY
 from stopserve.trace import is_decision_point
 from stopserve.training.heuristics import (
     HEURISTICS,
@@ -59,6 +60,8 @@ def test_turn_cap_tuning_finds_the_best_cap() -> None:
     assert tuned["turn_cap"].rule.turn_cap == best_cap
     assert tuned["turn_cap"].value == pytest.approx(values[best_cap])
     assert tuned["combination"].value >= max(tuned[n].value for n in HEURISTICS[:-1]) - 1e-12
+    # never_stop runs every trace to its end: the behavior's value
+    assert tuned["never_stop"].value == pytest.approx(replay(dp, np.zeros(dp.n_rows, bool), 10.0).mean_value)
     # with no cost there is nothing to save: every cap is off (ties keep the net off)
     free = tune_heuristics(dp, lam=0.0)
     assert free["turn_cap"].rule.turn_cap is None and free["cost_cap"].rule.cost_cap is None
@@ -73,8 +76,8 @@ def test_cost_cap_and_reward_threshold_match_the_safety_nets() -> None:
     dp = build_decision_points(traces)
     tuned = tune_heuristics(dp, lam=5.0)
     for h in tuned.values():
-        config = h.to_safety_config()
-        # the config, run live on each trace, stops exactly where the replayed rule does
+        policy = h.policy()
+        # the served heuristic, run live on each trace, stops exactly where the replayed rule does
         expected = h.stop_mask(dp)
         got = []
         for trace in traces:
@@ -82,15 +85,18 @@ def test_cost_cap_and_reward_threshold_match_the_safety_nets() -> None:
             for ev in trace.events:
                 state.fold(ev)
                 if is_decision_point(ev):
-                    got.append(config.check(state) is not None)
+                    proposed = ev.type == "stop" and bool(ev.proposed)
+                    got.append(policy.decide(state, proposed_stop=proposed).action == "stop")
         assert got == expected.tolist(), h.name
 
 
 def test_cost_cap_in_thousands_of_tokens_becomes_max_tokens() -> None:
-    config = HeuristicRule(cost_cap=2.5).to_safety_config("ktokens")
-    assert config.max_tokens == 2500 and config.max_usd is None
-    assert not config.loop.enabled
-    assert HeuristicRule(loop=True).to_safety_config("usd").loop.enabled
+    config = HeuristicRule(cost_cap=2.5).base_config("ktokens")
+    assert config.max_tokens == 2500 and config.max_usd is None and config.max_turns is None
+    assert not config.loop.enabled  # the loop detector lives in the policy's own config, not its base rule
+    own = HeuristicRule(loop=False, quality=False).own_config(DEFAULT_SAFETY)
+    assert not own.loop.enabled and own.quality_met is None and own.max_turns == DEFAULT_SAFETY.max_turns
+    assert HeuristicRule().own_config(DEFAULT_SAFETY) == DEFAULT_SAFETY
 
 
 def test_cross_fitting_never_tunes_on_the_held_out_group() -> None:

@@ -25,7 +25,7 @@ def test_the_tuned_margins_beat_every_brute_force_candidate() -> None:
     rng = np.random.default_rng(0)
     # a noisy signal: failing runs (q_final 0) tend to have low v
     v = np.where(dp.q_final > 0, 0.3, -0.3) + rng.normal(0, 0.3, dp.n_rows)
-    fires = HeuristicRule(turn_cap=12).stop_mask(dp)
+    fires = HeuristicRule(turn_cap=12).fires(dp)
     lam = 5.0
     tuned = tune_policy(dp, v, fires, lam, min_turns=(1, 2))
     got, gain = _score(dp, v, fires, lam, tuned.margin_stop, tuned.margin_continue, tuned.min_turns)
@@ -41,7 +41,7 @@ def test_the_tuned_margins_beat_every_brute_force_candidate() -> None:
 def test_without_signal_the_best_rule_itself_is_kept() -> None:
     dp = build_decision_points(synth_traces(40, seed=4))
     best = max(tune_heuristics(dp, 1.0).values(), key=lambda h: h.value)
-    fires = best.rule.stop_mask(dp)
+    fires = best.rule.fires(dp)
     v = np.zeros(dp.n_rows)  # no information: every state looks the same
     tuned = tune_policy(dp, v, fires, 1.0)
     assert not tuned.deviates and tuned.score == 0.0

@@ -104,9 +104,15 @@ def main() -> None:
                         f"{run.seconds:.1f} s (slowest hook {slowest:.0f} ms)",
                     ]
                 )
-    print(
-        "| harness | scenario | tool calls | hook answers, in order | how the run ended | the user saw | time |"
-    )
+    head = [
+        "harness",
+        "scenario",
+        "tool calls",
+        "hook answers, in order",
+        "how the run ended",
+        "the user saw",
+    ]
+    print("| " + " | ".join([*head, "time"]) + " |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in row) + " |")

@@ -52,6 +52,7 @@ __all__ = [
     "HARNESSES",
     "STOP_EVENTS",
     "TOOL_EVENTS",
+    "Harness",
     "HookInput",
     "block_output",
     "end_output",

@@ -48,6 +48,7 @@ from stopserve.errors import HookInputError
 from stopserve.hooks import DEFAULT_MAX_BLOCKS
 from stopserve.hooks.protocol import (
     MAX_INPUT_BYTES,
+    Harness,
     HookInput,
     block_output,
     end_output,
@@ -86,7 +87,7 @@ class _DeadlineError(Exception):
 class HookOptions:
     """How the hook decides and answers (the command's options, or the HTTP hook's query)."""
 
-    harness: str
+    harness: Harness
     mode: str = "enforce"
     max_blocks: int = DEFAULT_MAX_BLOCKS
     lam: float | None = None
@@ -306,14 +307,13 @@ def run_hook(
     *,
     decide: Decide,
     record: dict[str, Any],
-    read_transcript: bool = True,
 ) -> dict[str, Any] | None:
     """One call: the answer to give (``None``: nothing); ``record`` is filled as it goes.
 
-    ``read_transcript`` False (or a transcript this process cannot read): decide from
-    the hook input alone (what that loses: docs/hooks.md).
+    A transcript this process cannot read (the service in a container, say): it decides
+    from the hook input alone (what that loses: docs/hooks.md).
     """
-    inp = parse_input(raw, opts.harness)  # type: ignore[arg-type]
+    inp = parse_input(raw, opts.harness)
     record.update(
         event=inp.event, session_id=inp.session_id, run_id=inp.run_id, mode=opts.mode, turn_key=inp.turn
     )
@@ -329,7 +329,7 @@ def run_hook(
             st = {"v": 1, "session_id": inp.session_id, "created": time.time(), "blocks": 0, "pending": []}
         st["log"] = []
         cls = _mapper_class(opts.harness)
-        transcript = inp.transcript if read_transcript else None
+        transcript = inp.transcript
         mapper = cls.load(st["mapper"]) if isinstance(st.get("mapper"), dict) else cls(agent=inp.agent)
         if transcript and st.get("transcript") not in (None, transcript):
             st["log"].append(f"transcript changed from {st['transcript']}; reading {transcript} anew")
@@ -337,11 +337,15 @@ def run_hook(
         events: list[dict[str, Any]] = []
         if transcript and os.access(transcript, os.R_OK):
             events = _read_transcript(transcript, st, mapper)
-        elif inp.transcript:
+        elif transcript and not (
+            os.path.isdir(os.path.dirname(transcript)) and not os.path.exists(transcript)
+        ):
+            # not merely "not written yet" (its folder is there): this process cannot read it
             record["transcript"] = "unread"
             if not st.get("unread_noted"):
-                why = "not asked to" if not read_transcript else "cannot read it here"
-                st["log"].append(f"transcript {inp.transcript}: {why}; deciding from the hook input alone")
+                st["log"].append(
+                    f"transcript {transcript}: cannot read it here; deciding from the hook input alone"
+                )
                 st["unread_noted"] = True
         st["transcript"] = transcript
         now = time.time()

@@ -31,6 +31,7 @@ import orjson
 
 from stopserve.errors import ConfigError, HookInputError, Issue, StopServeError
 from stopserve.hooks import DEFAULT_MAX_BLOCKS, DEFAULT_TIMEOUT
+from stopserve.hooks.protocol import Harness
 from stopserve.hooks.run import HookOptions, ServiceError, classify_error, finish, run_hook
 from stopserve.hooks.state import StateDir
 
@@ -46,7 +47,7 @@ def _bad(name: str, message: str) -> ConfigError:
     return ConfigError(f"hook URL: {message}", [Issue(message, path=f"query.{name}")])
 
 
-def options_from_query(harness: str, query: Mapping[str, str]) -> tuple[HookOptions, float]:
+def options_from_query(harness: Harness, query: Mapping[str, str]) -> tuple[HookOptions, float]:
     """The hook's options and its time budget (seconds) from the URL's query; a bad one raises
     :class:`ConfigError` naming the parameter."""
     known = {"mode", "max_blocks", "timeout", "lambda", "safety", "end_on_model_stop"}
@@ -104,7 +105,7 @@ class HookEndpoint:
         self._decide = decide
 
     async def handle(
-        self, raw: bytes, query: Mapping[str, str], harness: str = "claude-code"
+        self, raw: bytes, query: Mapping[str, str], harness: Harness = "claude-code"
     ) -> dict[str, Any]:
         """The answer to give (``{}``: nothing to say); a bad query or hook input raises."""
         opts, timeout = options_from_query(harness, query)

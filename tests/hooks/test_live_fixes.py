@@ -265,3 +265,25 @@ def test_the_hook_s_own_parser_reads_what_the_full_one_does(harness: str) -> Non
         full = vars(build_parser().parse_args(["hook", harness, *extra]))
         fast = vars(_hook_parser(harness).parse_args(extra))
         assert fast == full
+
+
+def test_a_failed_call_hashes_the_same_in_the_hook_and_in_the_transcript(tmp_path: Path) -> None:
+    """Item 8: PostToolUseFailure's ``error`` lacks the "Error: " of the transcript's toolUseResult."""
+    from stopserve.hooks.protocol import parse_input
+    from stopserve.importers._transcript import map_file
+    from stopserve.importers.claude_code import ClaudeCodeMapper
+
+    s = ClaudeSession(tmp_path / "proj", "sess-hash")
+    s.user("read it")
+    command = {"command": "cat /nonexistent/config.yaml", "description": "read it"}
+    s.call("toolu_x", "Bash", command)
+    error = "Exit code 1\ncat: /nonexistent/config.yaml: No such file or directory"
+    s.result("toolu_x", "Error: " + error, error=True)  # as Claude Code 2.1.328 writes it
+    imported = [e for e in map_file(s.path, ClaudeCodeMapper()) if e["id"] == "toolu_x.out"]
+    inp = parse_input(
+        json.dumps(s.post_tool_failure("toolu_x", "Bash", command, error)).encode(), "claude-code"
+    )
+    live = ClaudeCodeMapper()
+    live.tool_event("toolu_x", "Bash", inp.tool_input, inp.tool_response, time.time(), error=True)
+    hooked = [e for e in live.drain() if e["id"] == "toolu_x.out"]
+    assert hooked[0]["content_ref"] == imported[0]["content_ref"] and hooked[0]["error"] is True

@@ -11,8 +11,9 @@ import argparse
 import importlib
 import importlib.util
 import sys
+import time
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, NoReturn
 
 from stopserve import __version__
 from stopserve.errors import StopServeError
@@ -34,6 +35,7 @@ _RUNNERS: Final[dict[str, str]] = {
     "hook install": "stopserve.hooks.install:install_command",
     "hook uninstall": "stopserve.hooks.install:uninstall_command",
     "hook report": "stopserve.hooks.report:report_command",
+    "hook doctor": "stopserve.hooks.doctor:doctor_command",
     "label": "stopserve.hooks.report:label_command",
 }
 #: command -> (extra, modules it brings that the command needs): a missing one is a one-line error
@@ -142,7 +144,7 @@ def _hook_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (also used by the docs and the tests)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="stopserve",
         description="Learned continue-or-stop decisions for multi-agent LLM orchestrators.",
     )
@@ -345,37 +347,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-model", action="store_true", help="run on safety nets alone")
 
-    from stopserve.hooks import DEFAULT_MAX_BLOCKS, DEFAULT_TIMEOUT
-
     p = sub.add_parser("hook", help="stopserve as the Stop and tool hook of Claude Code and Codex CLI")
     actions = p.add_subparsers(dest="hook_action", metavar="ACTION")
     actions.required = True
     for harness in HARNESSES:
         h = actions.add_parser(harness, help=f"the {harness} hook itself: hook input JSON on stdin")
         _hook_options(h)
-        h.add_argument(
-            "--timeout",
-            type=_positive_float,
-            default=DEFAULT_TIMEOUT,
-            help=f"seconds per call before letting the agent stop (default {DEFAULT_TIMEOUT})",
-        )
-        h.add_argument(
-            "--max-blocks",
-            type=_non_negative_int,
-            default=DEFAULT_MAX_BLOCKS,
-            help=f"stops blocked in a row within a turn, at most (default {DEFAULT_MAX_BLOCKS})",
-        )
-        h.add_argument(
-            "--lambda", dest="lam", type=_non_negative_float, help="cost weight sent to the service"
-        )
-        h.add_argument(
-            "--safety", type=_json_object, metavar="JSON|@FILE", help="safety-net config for this run"
-        )
-        h.add_argument(
-            "--end-on-model-stop",
-            action="store_true",
-            help="tool hooks also end the run on a model stop (default: safety nets only)",
-        )
+        _hook_decision_options(h, install=False)
         h.set_defaults(harness=harness)
     i = actions.add_parser(
         "install", help="add stopserve's hook entries to a harness's settings (with a backup)"
@@ -383,7 +361,17 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("harness", choices=HARNESSES)
     i.add_argument("--project", metavar="DIR", help="the project's settings file instead of the user's")
     _hook_options(i)
-    i.add_argument("--max-blocks", type=_non_negative_int, help="passed to the hook")
+    _hook_decision_options(i, install=True)
+    i.add_argument(
+        "--http",
+        action="store_true",
+        help="claude-code: HTTP hooks posting to the service's /v1/hooks/claude-code (no process per call)",
+    )
+    i.add_argument(
+        "--trust",
+        action="store_true",
+        help="codex: trust the installed hooks in $CODEX_HOME/config.toml (else Codex skips them)",
+    )
     u = actions.add_parser("uninstall", help="remove stopserve's hook entries (only those)")
     u.add_argument("harness", choices=HARNESSES)
     u.add_argument("--project", metavar="DIR", help="the project's settings file instead of the user's")
@@ -391,12 +379,55 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--state-dir", metavar="DIR", help="the hook's state directory")
     r.add_argument("--fail-below", type=float, default=0.5, help="a reward below this is a failure (0.5)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
+    d = actions.add_parser(
+        "doctor", help="are the hooks installed, trusted (Codex), allowed (HTTP), reaching the service, run?"
+    )
+    d.add_argument("harness", nargs="?", choices=HARNESSES, help="one harness (default: both)")
+    d.add_argument("--project", metavar="DIR", help="the project's settings file instead of the user's")
+    d.add_argument("--state-dir", metavar="DIR", help="the hook's state directory")
 
     p = sub.add_parser("label", help="give a session's outcome: post it to the service, record it locally")
     p.add_argument("session_id", metavar="SESSION_ID")
     p.add_argument("--reward", type=float, required=True, help="the session's outcome in [0, 1]")
     _hook_options(p)
     return parser
+
+
+def _hook_parser(harness: str) -> argparse.ArgumentParser:
+    """The parser of ``stopserve hook <harness>`` alone (what :func:`build_parser` has for it)."""
+    p = _Parser(
+        prog=f"stopserve hook {harness}", description=f"the {harness} hook itself: hook input JSON on stdin"
+    )
+    _hook_options(p)
+    _hook_decision_options(p, install=False)
+    p.set_defaults(command="hook", hook_action=harness, harness=harness)
+    return p
+
+
+def _hook_decision_options(p: argparse.ArgumentParser, *, install: bool) -> None:
+    """How the hook decides: options of the hook itself and of ``hook install`` (no defaults there:
+    what is not given is not written into the installed command)."""
+    from stopserve.hooks import DEFAULT_MAX_BLOCKS, DEFAULT_TIMEOUT
+
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None if install else DEFAULT_TIMEOUT,
+        help=f"seconds per call before letting the agent stop (default {DEFAULT_TIMEOUT})",
+    )
+    p.add_argument(
+        "--max-blocks",
+        type=_non_negative_int,
+        default=None if install else DEFAULT_MAX_BLOCKS,
+        help=f"stops blocked in a row within a turn, at most (default {DEFAULT_MAX_BLOCKS})",
+    )
+    p.add_argument("--lambda", dest="lam", type=_non_negative_float, help="cost weight sent to the service")
+    p.add_argument("--safety", type=_json_object, metavar="JSON|@FILE", help="safety-net config for this run")
+    p.add_argument(
+        "--end-on-model-stop",
+        action="store_true",
+        help="tool hooks also end the run on a model stop (default: safety nets only)",
+    )
 
 
 def _auto_or_int(text: str) -> str | int:
@@ -493,9 +524,65 @@ def _runner(command: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, remembering the last usage error (the hook fails open on one: :func:`main`)."""
+
+    last_error: str | None = None
+
+    def error(self, message: str) -> NoReturn:
+        _Parser.last_error = message
+        super().error(message)
+
+
+def _hook_call(argv: Sequence[str]) -> str | None:
+    """The harness, when ``argv`` runs the hook itself (``hook claude-code|codex ...``)."""
+    words = [w for w in argv if not w.startswith("-")][:2]
+    return words[1] if len(words) == 2 and words[0] == "hook" and words[1] in HARNESSES else None
+
+
+def _hook_bad_arguments(argv: Sequence[str], harness: str) -> int:
+    """A hook run with bad arguments: say so, log it, exit 0 -- a harness reads exit 2 as "block"."""
+    message = _Parser.last_error or "bad arguments"
+    print(
+        f"stopserve hook {harness}: {message}; the hook did nothing and lets the agent go on "
+        "(fix the installed command: stopserve hook install ... / stopserve hook doctor)",
+        file=sys.stderr,
+    )
+    try:
+        from stopserve.hooks.state import StateDir
+
+        words = list(argv)
+        where = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "--state-dir"), None)
+        state = StateDir(where)
+        state.log(f"{harness} ? run=?: bad arguments ({message}); failed open")
+        state.append(
+            "decisions.jsonl",
+            {
+                "ts": time.time(),
+                "harness": harness,
+                "error": f"bad arguments: {message}",
+                "outcome": "failed open",
+            },
+        )
+    except Exception:  # logging is best effort: the hook must still exit 0
+        pass
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``stopserve`` console script."""
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if words[:1] == ["hook"] and words[1:2] and words[1] in HARNESSES:
+            # the hook itself runs once per tool call: its own parser, not all of them (~10 ms)
+            args = _hook_parser(words[1]).parse_args(words[2:])
+        else:
+            args = build_parser().parse_args(words)
+    except SystemExit as exc:
+        harness = _hook_call(words)
+        if exc.code == 2 and harness is not None:
+            return _hook_bad_arguments(words, harness)
+        raise
     try:
         return _runner(_key(args))(args)
     except StopServeError as exc:

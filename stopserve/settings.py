@@ -63,6 +63,14 @@ class Settings(BaseSettings):
         ge=4096,
         description="Bytes each log keeps, rotated files included; the oldest rotated files go first.",
     )
+    hook_state_dir: Path | None = Field(
+        default=None,
+        description=(
+            "State of the Claude Code HTTP hooks (POST /v1/hooks/claude-code): transcript offsets, "
+            "decisions.jsonl for `stopserve hook report`. Unset: the command hook's default "
+            "($STOPSERVE_HOOK_STATE, else the user cache dir)."
+        ),
+    )
     max_runs: int = Field(default=10_000, ge=1, description="Live runs kept; the least recently used go.")
     run_ttl_s: float = Field(default=3600.0, gt=0, description="Idle runs expire after this many seconds.")
     max_events_per_run: int = Field(default=5_000, ge=1)
@@ -99,7 +107,7 @@ class Settings(BaseSettings):
         description="uvicorn's per-request access log; off: every decision is in the decision log already.",
     )
 
-    @field_validator("log_dir", "model_dir", mode="before")
+    @field_validator("log_dir", "model_dir", "hook_state_dir", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         # STOPSERVE_LOG_DIR= (empty) means "no log", not the current folder

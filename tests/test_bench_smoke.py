@@ -27,6 +27,7 @@ OWN_SCRIPTS = [
     "bench_train.py",
     "bench_quality.py",
     "bench_serve.py",
+    "bench_hook.py",
 ]
 
 
@@ -178,3 +179,15 @@ def test_replicas_smoke(workdir: Path) -> None:
             assert r["requests"] > 0 and r["errors"] == 0, (name, r)
     # one read and one write round trip per decide
     assert doc["data"]["calls_per_decide"]["redis x1"] == pytest.approx(2.0, abs=0.05)
+
+
+def test_hook_smoke(workdir: Path) -> None:
+    doc = _run("bench_hook.py", workdir)
+    # without the harness binaries (a fresh clone) the in-harness part is left out, and the section says so
+    alone = _measured(doc, "standalone", left_out="inside a harness")
+    for case in ("python -c pass", "command hook", "HTTP hook"):
+        assert alone[case]["n"] == 5 and alone[case]["p90"] >= alone[case]["p50"] > 0
+    names = [t["name"] for t in doc["targets"]]
+    assert names[:2] == ["HTTP hook p50, standalone", "command hook p50 / python -c pass, standalone"]
+    if doc["data"]["in_harness"] is not None:
+        assert doc["data"]["in_harness"]["command hook"]["n"] == 3

@@ -6,10 +6,16 @@ Both harnesses read hooks in the same shape, event -> matcher groups -> handlers
 
 * Claude Code: ``~/.claude/settings.json`` (``$CLAUDE_CONFIG_DIR`` when set), or
   ``<project>/.claude/settings.json`` with ``--project``; events ``Stop``,
-  ``SubagentStop``, ``PostToolUse``, ``PostToolUseFailure``;
+  ``SubagentStop``, ``PreToolUse``, ``PostToolUse``, ``PostToolUseFailure`` (Claude Code
+  ends a run from ``PreToolUse`` and ``PostToolUse``, not from ``PostToolUseFailure``:
+  a failing loop ends at the next call's ``PreToolUse``). ``--http`` writes
+  ``"type": "http"`` handlers that POST to the service's ``/v1/hooks/claude-code``
+  instead of starting a process per call (and adds the URL to ``allowedHttpHookUrls``
+  when the file restricts them);
 * Codex CLI: ``~/.codex/hooks.json`` (``$CODEX_HOME`` when set), or
-  ``<project>/.codex/hooks.json``; events ``Stop``, ``SubagentStop``, ``PostToolUse``.
-  Codex runs a new or changed command hook only once it is trusted (``/hooks`` in Codex).
+  ``<project>/.codex/hooks.json``; events ``Stop``, ``SubagentStop``, ``PreToolUse``,
+  ``PostToolUse``. Codex runs a new or changed command hook only once it is trusted
+  (:mod:`stopserve.hooks.trust`); ``--trust`` trusts ours in ``config.toml``.
 
 Installing merges: everything else in the file stays as it was; a handler of ours
 (its command runs ``stopserve hook``) is updated in place, never added twice, so a
@@ -21,30 +27,43 @@ Uninstalling removes only our handlers (and the groups and events they leave emp
 from __future__ import annotations
 
 import argparse
-import contextlib
+import math
 import os
 import re
 import shlex
-import shutil
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlencode, urlsplit
 
 import orjson
 
 from stopserve.errors import ConfigError, Issue
+from stopserve.hooks.state import replace_file
 
-__all__ = ["EVENTS", "InstallResult", "hook_command_line", "install", "settings_path", "uninstall"]
+__all__ = [
+    "EVENTS",
+    "HTTP_ROUTE",
+    "InstallResult",
+    "codex_handlers",
+    "hook_command_line",
+    "http_hook_url",
+    "install",
+    "is_ours",
+    "load_settings",
+    "settings_path",
+    "uninstall",
+]
 
 EVENTS: Final[dict[str, tuple[str, ...]]] = {
-    "claude-code": ("Stop", "SubagentStop", "PostToolUse", "PostToolUseFailure"),
-    "codex": ("Stop", "SubagentStop", "PostToolUse"),
+    "claude-code": ("Stop", "SubagentStop", "PreToolUse", "PostToolUse", "PostToolUseFailure"),
+    "codex": ("Stop", "SubagentStop", "PreToolUse", "PostToolUse"),
 }
 #: seconds the harness gives one hook call (the hook itself gives up after --timeout)
 HANDLER_TIMEOUT: Final = 5
+#: the service's route for Claude Code's HTTP hooks
+HTTP_ROUTE: Final = "/v1/hooks/claude-code"
 _OURS: Final = re.compile(
     r"(?:^|[\s/\\'\"])(?:-m\s+stopserve(?:\.cli)?|stopserve)['\"]?\s+hook\s+(?:claude-code|codex)\b"
 )
@@ -89,15 +108,29 @@ def hook_command_line(harness: str, *, url: str | None = None, extra: list[str] 
 
 
 def is_ours(handler: Any) -> bool:
-    """Whether a handler runs ``stopserve hook`` (any Python, any options)."""
-    return (
-        isinstance(handler, dict)
-        and isinstance(handler.get("command"), str)
-        and bool(_OURS.search(handler["command"]))
-    )
+    """Whether a handler is stopserve's: a command running ``stopserve hook`` (any Python, any
+    options), or an HTTP hook posting to the service's ``/v1/hooks/claude-code``."""
+    if not isinstance(handler, dict):
+        return False
+    if isinstance(handler.get("command"), str):
+        return bool(_OURS.search(handler["command"]))
+    url = handler.get("url")
+    return handler.get("type") == "http" and isinstance(url, str) and HTTP_ROUTE in url
 
 
-def _load(path: Path) -> dict[str, Any]:
+def http_hook_url(url: str, query: dict[str, str]) -> str:
+    """The URL an HTTP hook posts to: the service's route, with the hook's options as query."""
+    base = url.rstrip("/") + HTTP_ROUTE
+    return base + ("?" + urlencode(query) if query else "")
+
+
+def _allow_pattern(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}/v1/hooks/*"
+
+
+def load_settings(path: Path) -> dict[str, Any]:
+    """A settings file's JSON (``{}`` when absent); one we cannot merge into raises :class:`ConfigError`."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -131,36 +164,32 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _write(path: Path, data: dict[str, Any], result: InstallResult) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        backup = path.with_name(f"{path.name}.{stamp}.stopserve.bak")
-        n = 1
-        while backup.exists():
-            n += 1
-            backup = path.with_name(f"{path.name}.{stamp}-{n}.stopserve.bak")
-        shutil.copy2(path, backup)
-        result.backup = backup
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
-        if result.backup is not None:
-            shutil.copymode(result.backup, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    result.backup = replace_file(path, orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
 
 
-def install(harness: str, command: str, *, project: str | os.PathLike[str] | None = None) -> InstallResult:
-    """Merge a handler running ``command`` into every hook event of ``harness``."""
+def install(
+    harness: str,
+    command: str | None = None,
+    *,
+    project: str | os.PathLike[str] | None = None,
+    url: str | None = None,
+    timeout: int = HANDLER_TIMEOUT,
+) -> InstallResult:
+    """Merge our handler into every hook event of ``harness``: a command running ``command``,
+    or (Claude Code) an HTTP hook posting to ``url`` (:func:`http_hook_url`)."""
     path = settings_path(harness, project)
-    data = _load(path)
+    data = load_settings(path)
     result = InstallResult(path)
     hooks: dict[str, Any] = data.setdefault("hooks", {})
-    handler = {"type": "command", "command": command, "timeout": HANDLER_TIMEOUT}
+    if url is not None:
+        handler: dict[str, Any] = {"type": "http", "url": url, "timeout": timeout}
+        allowed = data.get("allowedHttpHookUrls")
+        if isinstance(allowed, list) and _allow_pattern(url) not in allowed:
+            # the file restricts HTTP hooks to these patterns: without ours, Claude Code blocks ours
+            allowed.append(_allow_pattern(url))
+            result.updated.append("allowedHttpHookUrls")
+    else:
+        handler = {"type": "command", "command": command, "timeout": timeout}
     for event in EVENTS[harness]:
         groups: list[Any] = hooks.setdefault(event, [])
         found = False
@@ -194,7 +223,7 @@ def uninstall(harness: str, *, project: str | os.PathLike[str] | None = None) ->
     result = InstallResult(path)
     if not path.exists():
         return result
-    data = _load(path)
+    data = load_settings(path)
     hooks = data.get("hooks")
     if not isinstance(hooks, dict):
         return result
@@ -224,36 +253,112 @@ def uninstall(harness: str, *, project: str | os.PathLike[str] | None = None) ->
 
 def install_command(args: argparse.Namespace) -> int:
     """``stopserve hook install claude-code|codex``."""
-    extra: list[str] = []
-    if args.mode != "enforce":
-        extra += ["--mode", args.mode]
-    if args.state_dir:
-        extra += ["--state-dir", str(Path(args.state_dir).expanduser().resolve())]
-    if args.max_blocks is not None:
-        extra += ["--max-blocks", str(args.max_blocks)]
-    command = hook_command_line(args.harness, url=args.url, extra=extra)
-    result = install(args.harness, command, project=args.project)
+    if args.http and args.harness != "claude-code":
+        raise ConfigError("--http: only Claude Code runs HTTP hooks; Codex needs the command hook")
+    if args.trust and args.harness != "codex":
+        raise ConfigError(
+            "--trust: only Codex asks to trust hooks; Claude Code runs installed hooks as they are"
+        )
+    options = _checked_options(args)
+    # the harness's own limit stays above the hook's, so the hook's fail-open answer arrives
+    handler_timeout = max(HANDLER_TIMEOUT, math.ceil(args.timeout or 0) + 2)
+    if args.http:
+        options.pop("state-dir", None)  # the service keeps its own (STOPSERVE_HOOK_STATE_DIR)
+        query = {k.replace("-", "_"): v for k, v in options.items()}
+        target = http_hook_url(args.url, query)
+        result = install(args.harness, project=args.project, url=target, timeout=handler_timeout)
+        shown = f"hook URL (POST): {target}"
+    else:
+        extra = [w for k, v in options.items() for w in ((f"--{k}",) if v == "" else (f"--{k}", v))]
+        command = hook_command_line(args.harness, url=args.url, extra=extra)
+        result = install(args.harness, command, project=args.project, timeout=handler_timeout)
+        shown = f"hook command: {command}"
     if not result.changed:
         print(f"{result.path}: stopserve's hooks are already installed; nothing changed")
-        return 0
-    what = [
-        f"added {', '.join(result.added)}" if result.added else "",
-        f"updated {', '.join(result.updated)}" if result.updated else "",
-    ]
-    print(f"{result.path}: {'; '.join(w for w in what if w)}")
-    if result.backup:
-        print(f"backup of the previous file: {result.backup}")
-    print(f"hook command: {command}")
+    else:
+        what = [
+            f"added {', '.join(result.added)}" if result.added else "",
+            f"updated {', '.join(result.updated)}" if result.updated else "",
+        ]
+        print(f"{result.path}: {'; '.join(w for w in what if w)}")
+        if result.backup:
+            print(f"backup of the previous file: {result.backup}")
+    print(shown)
     if args.harness == "codex":
-        print(
-            "Codex runs a new or changed hook only once trusted: "
-            "open /hooks in Codex and trust the stopserve entries."
-        )
+        _codex_trust(args, result.path)
     print(
         f"the service must be running at {args.url} (stopserve serve); "
-        "until it is, the hook lets every stop through"
+        "until it is, the hook lets every stop through. Check with: stopserve hook doctor"
     )
     return 0
+
+
+def _checked_options(args: argparse.Namespace) -> dict[str, str]:
+    """The hook's options to install (name -> value; ``""`` for a flag), each checked now:
+    a typo must not wait for the first hook call to be found."""
+    out: dict[str, str] = {}
+    if args.mode != "enforce":
+        out["mode"] = args.mode
+    if args.state_dir:
+        out["state-dir"] = str(Path(args.state_dir).expanduser().resolve())
+    if args.max_blocks is not None:
+        out["max-blocks"] = str(args.max_blocks)
+    if args.timeout is not None:
+        out["timeout"] = f"{args.timeout:g}"
+    if args.lam is not None:
+        out["lambda"] = f"{args.lam:g}"
+    if args.safety is not None:
+        from stopserve.safety import SafetyConfig
+
+        SafetyConfig.from_dict(args.safety, source="--safety")  # a bad key or value: a clear error now
+        out["safety"] = orjson.dumps(args.safety).decode()
+    if args.end_on_model_stop:
+        out["end-on-model-stop"] = ""
+    return out
+
+
+def codex_handlers(path: Path) -> list[tuple[str, int, int, dict[str, Any], str | None]]:
+    """Our handlers in a Codex ``hooks.json``: ``(event, group index, handler index, handler, matcher)``."""
+    data = load_settings(path)
+    out = []
+    for event, groups in (data.get("hooks") or {}).items():
+        for g, group in enumerate(groups):
+            handlers = group.get("hooks") if isinstance(group, dict) else None
+            matcher = group.get("matcher") if isinstance(group, dict) else None
+            for h, handler in enumerate(handlers if isinstance(handlers, list) else []):
+                if is_ours(handler):
+                    out.append((event, g, h, handler, matcher if isinstance(matcher, str) else None))
+    return out
+
+
+def _codex_trust(args: argparse.Namespace, path: Path) -> None:
+    from stopserve.hooks.trust import codex_config_path, trust, trust_status
+
+    config = codex_config_path()
+    entries = trust_status(path, codex_handlers(path), config)
+    if args.trust:
+        written, backup = trust(entries, config)
+        if written:
+            print(
+                f"{config}: trusted {len(written)} stopserve hook(s)"
+                + (f" (backup: {backup})" if backup else "")
+            )
+        else:
+            print(f"{config}: stopserve's hooks were already trusted")
+        return
+    pending = [e for e in entries if e.status in ("untrusted", "modified")]
+    if not pending:
+        print(f"Codex trusts these hooks ({config}).")
+        return
+    changed = any(e.status == "modified" for e in pending)
+    print(
+        f"NOTE: Codex will not run {len(pending)} of these hooks until they are trusted"
+        + (" again (the command changed, so the earlier trust no longer holds)" if changed else "")
+        + ". `codex exec` runs no untrusted hook and says nothing. Either:\n"
+        "  - open `codex` and trust the stopserve entries in /hooks, or\n"
+        f"  - install again with --trust (stopserve writes their trusted_hash to {config}), or\n"
+        "  - for automation, run `codex exec --dangerously-bypass-hook-trust`."
+    )
 
 
 def uninstall_command(args: argparse.Namespace) -> int:

@@ -1,22 +1,39 @@
-"""The hook protocols of Claude Code and Codex CLI: what comes in on stdin, what goes out.
+"""The hook protocols of Claude Code and Codex CLI: what comes in, what goes out.
 
-Both harnesses send one JSON object per hook call with ``hook_event_name``,
-``session_id`` and ``transcript_path``; ``Stop`` and ``SubagentStop`` add
-``stop_hook_active`` (the agent is already continuing because a stop hook blocked)
-and ``last_assistant_message``; ``SubagentStop`` adds ``agent_id``, ``agent_type``
-and ``agent_transcript_path``; tool hooks (``PreToolUse``, ``PostToolUse``, Claude
-Code's ``PostToolUseFailure``) add ``tool_name``, ``tool_input``, ``tool_use_id`` and,
-after the call, ``tool_response`` (``error`` on a failure). Codex adds ``turn_id``.
+Observed on the real binaries (Claude Code 2.1.328, Codex CLI 0.169.0; the versions
+``tests/harness/package.json`` pins). Every event has ``hook_event_name``,
+``session_id``, ``transcript_path``, ``cwd`` and ``permission_mode``; Claude Code adds
+``prompt_id`` (one per user prompt: the turn), Codex ``turn_id`` and ``model``.
+``Stop``/``SubagentStop`` add ``stop_hook_active`` and ``last_assistant_message``;
+``SubagentStop`` adds ``agent_id``, ``agent_type``, ``agent_transcript_path``; tool
+hooks add ``tool_name``, ``tool_input``, ``tool_use_id`` and, after the call,
+``tool_response`` (Claude Code: an object, for Bash ``stdout``/``stderr``/...; Codex:
+the output text, no exit code). Claude Code's ``PostToolUseFailure`` has ``error``
+(the text without the ``Error: `` prefix its transcript gives the same result) and no
+``tool_response``; Codex never sends it.
 
-Answers (stdout, exit code 0), the same in both harnesses:
+What each harness does with an answer (stdout, exit code 0), as observed:
 
-* let it go on or stop as it wants: print nothing;
-* block a stop: ``{"decision": "block", "reason": "..."}`` -- the reason is the
-  agent's next instruction;
-* end the run from a tool hook: ``{"continue": false, "stopReason": "..."}``.
+* nothing: both go on (or stop) as they wanted;
+* ``Stop`` ``{"decision": "block", "reason"}``: both give the reason to the agent as
+  its next instruction;
+* ``PreToolUse`` deny (``hookSpecificOutput.permissionDecision: "deny"``): in both the
+  call does not run and the model reads the reason (Codex also logs it on stderr);
+* ``continue: false``: Claude Code ends the turn (``terminal_reason: hook_stopped``)
+  from ``PreToolUse`` and ``PostToolUse``, and from ``PostToolUseFailure`` only logs
+  "requested preventContinuation"; Codex rejects it from ``PreToolUse`` as unsupported
+  and from ``PostToolUse`` only replaces the output the model sees;
+* ``PostToolUse`` ``{"decision": "block", "reason"}``: Codex replaces the output the
+  model sees with the reason;
+* ``systemMessage``: Claude Code shows it to the user (in ``stream-json`` a ``system``
+  message of subtype ``informational``); ``codex exec`` shows it nowhere.
 
-Exit code 2 would also block (with stderr as the reason); the hook never uses it,
-so an error can never hold an agent back.
+So a run is ended where each harness allows it (:func:`end_output`): after a call the
+model is told to report and finish (``decision: block``), and from then on every tool
+call of the turn is refused from ``PreToolUse`` -- in Claude Code with ``continue:
+false``, which ends the turn and shows the user why; in Codex the refusals bring the
+turn to its ``Stop``. Exit code 2 would block (both harnesses read it so); the hook
+never uses it, so an error can never hold an agent back.
 """
 
 from __future__ import annotations
@@ -35,10 +52,12 @@ __all__ = [
     "HARNESSES",
     "STOP_EVENTS",
     "TOOL_EVENTS",
+    "Harness",
     "HookInput",
     "block_output",
     "end_output",
     "parse_input",
+    "refuse_output",
 ]
 
 Harness = Literal["claude-code", "codex"]
@@ -74,6 +93,7 @@ class HookInput:
     agent_type: str | None = None
     agent_transcript_path: str | None = None
     turn_id: str | None = None
+    prompt_id: str | None = None
     tool_name: str | None = None
     tool_input: Any = None
     tool_response: Any = None
@@ -87,6 +107,11 @@ class HookInput:
         if self.event in TOOL_EVENTS:
             return "tool"
         return "other"
+
+    @property
+    def turn(self) -> str | None:
+        """The turn this call belongs to: Codex's ``turn_id``, Claude Code's ``prompt_id``."""
+        return self.turn_id or self.prompt_id
 
     @property
     def run_id(self) -> str:
@@ -164,7 +189,11 @@ def parse_input(raw: bytes, harness: Harness) -> HookInput:
         )
     response = data.get("tool_response")
     if event == "PostToolUseFailure" and response is None:
-        response = data.get("error", "")  # Claude Code reports the failure as `error`
+        # Claude Code reports the failure as `error`; its transcript's toolUseResult is the
+        # same text after "Error: ", and the result's hash must be the same in both places
+        error = data.get("error")
+        text = error if isinstance(error, str) else ""
+        response = text if text.startswith("Error: ") else f"Error: {text}"
     return HookInput(
         harness=harness,
         event=event,
@@ -177,6 +206,7 @@ def parse_input(raw: bytes, harness: Harness) -> HookInput:
         agent_type=_str(data, "agent_type"),
         agent_transcript_path=_str(data, "agent_transcript_path"),
         turn_id=_str(data, "turn_id"),
+        prompt_id=_str(data, "prompt_id"),
         tool_name=tool_name,
         tool_input=data.get("tool_input"),
         tool_response=response if event != "PreToolUse" else None,
@@ -189,6 +219,32 @@ def block_output(reason: str) -> dict[str, Any]:
     return {"decision": "block", "reason": reason}
 
 
-def end_output(reason: str) -> dict[str, Any]:
-    """End the run from a tool hook (``stopReason`` is shown to the user)."""
-    return {"continue": False, "stopReason": reason}
+def end_output(inp: HookInput, reason: str) -> dict[str, Any]:
+    """End the run from a tool hook, the way this harness honours it (see the module docstring).
+
+    ``PreToolUse``: the call is refused; in Claude Code also ``continue: false`` (the turn
+    ends) with the reason as ``stopReason`` and ``systemMessage`` (the user is shown it).
+    After a call (``PostToolUse``, ``PostToolUseFailure``): ``decision: block``, the reason
+    to the model, which is told to report and finish; its next call is refused. (Claude
+    Code's ``continue: false`` there would end the turn one model call sooner, but shows
+    the user nothing in ``claude -p``; from ``PostToolUseFailure`` it is not acted on.)
+    """
+    if inp.event != "PreToolUse":
+        return {"decision": "block", "reason": reason}
+    if inp.harness == "codex":
+        return refuse_output(reason)
+    return {
+        "continue": False,
+        "stopReason": reason,
+        "systemMessage": reason,
+        "hookSpecificOutput": _deny(reason),
+    }
+
+
+def refuse_output(reason: str) -> dict[str, Any]:
+    """Refuse a tool call from ``PreToolUse`` (both harnesses): it does not run, the model reads why."""
+    return {"hookSpecificOutput": _deny(reason)}
+
+
+def _deny(reason: str) -> dict[str, Any]:
+    return {"hookEventName": "PreToolUse", "permissionDecision": "deny", "permissionDecisionReason": reason}

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from stopserve.importers._transcript import Facts
 
-__all__ = ["block_reason", "end_reason"]
+__all__ = ["block_reason", "end_reason", "end_text", "fired"]
 
 _PATTERNS: Final = {
     "repeated_action_observation": "the same call returned the same output again and again",
@@ -65,26 +65,44 @@ def _todo(facts: Facts) -> str:
     return "check the result against the task once more (run it or test it)"
 
 
-def _why_continue(decision: Mapping[str, Any]) -> str:
-    """Why the service wants the agent to go on."""
+def _why_continue(decision: Mapping[str, Any], safety: Mapping[str, Any] | None) -> str:
+    """Why the service wants the agent to go on.
+
+    A stop the model itself would take (``q_continue`` not above ``q_stop``, or a
+    ``v_stop`` not above 0) that the service still answers *continue* was vetoed by
+    ``min_turns``: the reason says so, not the model's numbers, which argue the other way.
+    """
     q, s, v = (_number(decision.get(k)) for k in ("q_continue", "q_stop", "v_stop"))
+    model_would_stop = (q is not None and s is not None and q <= s) or (
+        q is None and v is not None and v <= 0
+    )
+    if decision.get("reason") == "min_turns" or model_would_stop or (q is None and v is None):
+        turn = decision.get("turn")
+        steps = f"{turn} step{'s' if turn != 1 else ''}" if isinstance(turn, int) else "few steps"
+        wanted = safety.get("min_turns") if isinstance(safety, Mapping) else None
+        minimum = f" ({wanted})" if isinstance(wanted, int) and not isinstance(wanted, bool) else ""
+        return f"the stop came after only {steps}, before the minimum{minimum} the stop policy asks for"
     if q is not None and s is not None:
         return f"the stop policy expects a better result from going on (quality {q:.2f}, vs {s:.2f} now)"
-    if v is not None:
-        return f"the stop policy expects going on to pay off (value of stopping {v:+.2f})"
-    turn = decision.get("turn")
-    steps = f"{turn} step{'s' if turn != 1 else ''}" if isinstance(turn, int) else "few steps"
-    return f"the stop came after only {steps}, before the minimum the stop policy asks for"
+    assert v is not None
+    return f"the stop policy expects going on to pay off (value of stopping {v:+.2f})"
 
 
-def block_reason(decision: Mapping[str, Any], facts: Facts, *, blocks_left: int) -> str:
+def block_reason(
+    decision: Mapping[str, Any],
+    facts: Facts,
+    *,
+    blocks_left: int,
+    safety: Mapping[str, Any] | None = None,
+) -> str:
     """The reason given with ``{"decision": "block"}``: the next step, then why.
 
     ``blocks_left``: how many more times this turn the hook may block (said so that
-    the agent knows an honest "done, because ..." will get through).
+    the agent knows an honest "done, because ..." will get through); ``safety``: the
+    hook's own ``--safety`` config, when it sent one (to name its ``min_turns``).
     """
     todo = _todo(facts)
-    why = _why_continue(decision)
+    why = _why_continue(decision, safety)
     again = (
         "stopserve will let the next stop through"
         if blocks_left <= 0
@@ -96,23 +114,49 @@ def block_reason(decision: Mapping[str, Any], facts: Facts, *, blocks_left: int)
     )
 
 
-def end_reason(decision: Mapping[str, Any], facts: Facts) -> str:
-    """The ``stopReason`` given with ``{"continue": false}`` from a tool hook."""
+def end_reason(
+    decision: Mapping[str, Any], facts: Facts, *, harness: str = "claude-code", event: str = "PreToolUse"
+) -> str:
+    """The reason a tool hook gives when the run is to end (the model and the user read it)."""
+    return end_text(
+        fired(decision, facts), harness=harness, event=event, loop=decision.get("reason") == "loop_detected"
+    )
+
+
+def end_text(what: str, *, harness: str, event: str, loop: bool = False) -> str:
+    """The end reason for ``what`` fired, worded for what the answer does there.
+
+    Claude Code's ``PreToolUse`` ends the run (the user is shown the text); elsewhere the
+    hook can only tell the model and refuse its next calls, so the text asks it to report
+    and finish.
+    """
+    if harness == "claude-code" and event == "PreToolUse":
+        advice = " Try a different approach, or ask the user." if loop else ""
+        return f"stopserve ended the run: {what}.{advice}"
+    return (
+        f"stopserve stopped this turn: {what}. Do not call more tools: tell the user what you "
+        "found and what is in the way, then finish (stopserve refuses further tool calls this turn)."
+    )
+
+
+def fired(decision: Mapping[str, Any], facts: Facts) -> str:
+    """What made the service stop the run, in words (with the loop's pattern and last call)."""
+    return _what_fired(decision, facts)
+
+
+def _what_fired(decision: Mapping[str, Any], facts: Facts) -> str:
     reason = decision.get("reason")
     net = decision.get("safety_net")
     if reason == "loop_detected":
         pattern = decision.get("pattern")
         what = _PATTERNS.get(str(pattern), "a loop")
         last = f" (last: {facts.last_call})" if facts.last_call else ""
-        return (
-            f"stopserve ended the run: loop detected, {what}{last} [{pattern}]. "
-            "Try a different approach, or ask the user."
-        )
+        return f"loop detected, {what}{last} [{pattern}]"
     if reason == "budget_exhausted":
         limit = decision.get("limit") or "a"
-        return f"stopserve ended the run: the {limit} budget is spent [{net}]."
+        return f"the {limit} budget is spent [{net}]"
     if net:
-        return f"stopserve ended the run: safety net {net} fired [{reason}]."
+        return f"safety net {net} fired [{reason}]"
     v = _number(decision.get("v_stop"))
     value = f" (value of stopping {v:+.2f})" if v is not None else ""
-    return f"stopserve ended the run: the stop policy expects no more progress{value} [{reason}]."
+    return f"the stop policy expects no more progress{value} [{reason}]"

@@ -5,8 +5,10 @@ The report reads the hook's ``decisions.jsonl`` (every decision, in both modes) 
 
 * how many stops the hook saw and how many it blocked (would have blocked, in
   shadow mode), and in how many sessions;
-* how many runs a tool hook ended (would have ended);
-* how many calls failed open (service away, timeouts, errors);
+* how many runs a tool hook ended -- by effect, not by answer: a turn with an end
+  answer counts as ended when no tool call ran after it in that turn, else as one
+  that went on (the harness did not act on the answer), with the calls that ran;
+* how many calls failed open (service away, timeouts, bad arguments, errors);
 * among labelled sessions, how often a session with a (would-be) block failed,
   next to how often one without failed: a hook worth enforcing blocks in sessions
   that fail.
@@ -44,14 +46,17 @@ def report(
     sessions: set[str] = set()
     blocked_sessions: set[str] = set()
     modes: dict[str, int] = defaultdict(int)
+    # (run, turn) -> tool calls that ran after its first end answer (None: no end answer yet)
+    after_end: dict[tuple[str, str], int] = {}
+    shadow_ends: set[tuple[str, str]] = set()
     for rec in decisions:
+        if rec.get("error"):
+            failed_open += 1  # also a call that failed before it knew its session
         sid = rec.get("session_id")
         if not isinstance(sid, str):
             continue
         sessions.add(sid)
         modes[str(rec.get("mode"))] += 1
-        if rec.get("error"):
-            failed_open += 1
         event = rec.get("event")
         if event in ("Stop", "SubagentStop"):
             stops += 1
@@ -59,9 +64,18 @@ def report(
                 blocks += 1
                 blocked_sessions.add(sid)
         elif event in ("PreToolUse", "PostToolUse", "PostToolUseFailure"):
-            tool_calls += 1
+            key = (str(rec.get("run_id", sid)), str(rec.get("turn_key")))
+            outcome = str(rec.get("outcome") or "")
+            if event != "PreToolUse":
+                tool_calls += 1
+                if key in after_end and not outcome.startswith("refuse"):
+                    after_end[key] += 1  # a call ran although this turn was to end
             if rec.get("would_end"):
                 ends += 1
+                if outcome == "end" and key not in after_end:
+                    after_end[key] = 0
+                elif outcome == "would end":
+                    shadow_ends.add(key)
     labelled = {s: r for s, r in labels.items() if s in sessions}
     with_block = [r for s, r in labelled.items() if s in blocked_sessions]
     without = [r for s, r in labelled.items() if s not in blocked_sessions]
@@ -69,6 +83,7 @@ def report(
     def rate(n: int, d: int) -> float | None:
         return n / d if d else None
 
+    went_on = [n for n in after_end.values() if n > 0]
     return {
         "modes": dict(modes),
         "sessions": len(sessions),
@@ -78,6 +93,11 @@ def report(
         "sessions_with_block": len(blocked_sessions),
         "tool_calls": tool_calls,
         "would_end": ends,
+        "end_turns": len(after_end),
+        "ended": len(after_end) - len(went_on),
+        "went_on": len(went_on),
+        "calls_after_end": sum(went_on),
+        "would_end_turns": len(shadow_ends),
         "failed_open": failed_open,
         "labelled_sessions": len(labelled),
         "fail_below": fail_below,
@@ -88,6 +108,14 @@ def report(
         "unblocked_failed": sum(1 for r in without if r < fail_below),
         "unblocked_fail_rate": rate(sum(1 for r in without if r < fail_below), len(without)),
     }
+
+
+def _installed(args: argparse.Namespace) -> None:
+    """One line per harness: installed, trusted (Codex), ever run (``stopserve hook doctor`` in full)."""
+    from stopserve.hooks.doctor import summary
+
+    for line in summary(state_dir=args.state_dir):
+        print(line)
 
 
 def _labels(state: StateDir) -> dict[str, float]:
@@ -110,8 +138,9 @@ def report_command(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(numbers).decode())
         return 0
-    if not numbers["sessions"]:
+    if not numbers["sessions"] and not numbers["failed_open"]:
         print(f"no hook decisions logged in {state.root} yet")
+        _installed(args)
         return 0
     n = numbers
     print(
@@ -123,8 +152,18 @@ def report_command(args: argparse.Namespace) -> int:
         f"stops blocked (or would be, in shadow mode): {n['would_block']} ({_pct(n['would_block_rate'])}),"
         f" in {n['sessions_with_block']} session(s)"
     )
-    print(f"tool calls seen: {n['tool_calls']}   runs ended (or would be): {n['would_end']}")
-    print(f"calls that failed open (service away, timeout, error): {n['failed_open']}")
+    print(f"tool calls seen: {n['tool_calls']}   end answers given: {n['would_end']}")
+    print(
+        f"turns ended: {n['ended']} of {n['end_turns']} with an end answer (no tool ran after it)"
+        + (f"; {n['would_end_turns']} would have been (shadow mode)" if n["would_end_turns"] else "")
+    )
+    if n["went_on"]:
+        print(
+            f"  WENT ON after the end answer: {n['went_on']} turn(s), {n['calls_after_end']} tool call(s) ran"
+            " after it: the harness did not act on it (stopserve hook doctor)"
+        )
+    print(f"calls that failed open (service away, timeout, bad arguments, error): {n['failed_open']}")
+    _installed(args)
     if not n["labelled_sessions"]:
         print("no labels yet: give outcomes with `stopserve label SESSION_ID --reward X`")
         return 0

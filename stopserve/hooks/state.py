@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["LOG_MAX_BYTES", "RUN_TTL_DAYS", "StateDir", "default_state_dir"]
+__all__ = ["LOG_MAX_BYTES", "RUN_TTL_DAYS", "StateDir", "default_state_dir", "replace_file"]
 
 LOG_MAX_BYTES: Final = 32 * 1024 * 1024
 RUN_TTL_DAYS: Final = 30
@@ -96,7 +95,9 @@ class StateDir:
         """Write the run's state atomically: a reader sees the old state or the new one."""
         self.runs.mkdir(parents=True, exist_ok=True)
         path = self._file(run_id, ".json")
-        fd, tmp = tempfile.mkstemp(dir=self.runs, prefix=".tmp-", suffix=".json")
+        # a name of this process's own (tempfile costs the hook process its import)
+        tmp = str(self.runs / f".tmp-{os.getpid()}-{time.monotonic_ns()}.json")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(orjson.dumps(data))
@@ -157,3 +158,36 @@ class StateDir:
                     continue
                 if isinstance(obj, dict):
                     yield obj
+
+
+def replace_file(path: Path, data: bytes) -> Path | None:
+    """Write ``data`` to ``path`` atomically, after copying the old file to a backup (returned).
+
+    The backup is ``<file>.<UTC time>.stopserve.bak`` beside it, with the old file's mode
+    kept on the new one; a settings file a harness reads is never seen half-written.
+    """
+    import shutil
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    backup = None
+    if path.exists():
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        backup = path.with_name(f"{path.name}.{stamp}.stopserve.bak")
+        n = 1
+        while backup.exists():
+            n += 1
+            backup = path.with_name(f"{path.name}.{stamp}-{n}.stopserve.bak")
+        shutil.copy2(path, backup)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        if backup is not None:
+            shutil.copymode(backup, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return backup

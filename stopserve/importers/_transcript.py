@@ -333,7 +333,13 @@ class TranscriptMapper:
             del self._tools[next(iter(self._tools))]
 
     def result(self, call_id: str, t: float, ref_payload: Any, *, error: bool, output: str) -> None:
-        """The result of a tool call: a ``return`` event by the tool (or the sub-agent)."""
+        """The result of a tool call: a ``return`` event by the tool (or the sub-agent).
+
+        A result already counted (a hook saw it before the transcript did) changes
+        nothing: neither the event nor the facts, which the first copy set with its call.
+        """
+        if self.seen(f"{call_id}.out"):
+            return
         tool, label, kind, agent = self._tools.pop(call_id, None) or ["unknown", "", "", "unknown"]
         self.emit(
             self.event(

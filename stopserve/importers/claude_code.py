@@ -314,6 +314,8 @@ class ClaudeCodeMapper(TranscriptMapper):
             self._tool_use({"id": call_id, "name": name, "input": tool_input}, t, self.agent)
         if tool_response is not None and not self.seen(f"{call_id}.out"):
             text = tool_response if isinstance(tool_response, str) else _response_text(tool_response)
+            if error:  # the tool_result's text (the facts' words) has no "Error: " before it
+                text = text.removeprefix("Error: ")
             self.result(call_id, t, tool_response, error=error, output=text)
 
     # ------------------------------------------------------------------ state

@@ -162,6 +162,7 @@ class CodexMapper(TranscriptMapper):
         self._exit_codes: OrderedDict[str, int] = OrderedDict()
         self._turn: str | None = None
         self._stops = 0
+        self._user_ref: str | None = None  # the last prompt, so its second record is not a second prompt
 
     def _map(self, obj: dict[str, Any]) -> None:
         kind = obj.get("type")
@@ -269,8 +270,11 @@ class CodexMapper(TranscriptMapper):
 
     def _result(self, call_id: str, output: Any, t: float, *, error: bool | None = None) -> None:
         payload, text, code = result_payload(output)
-        if code is None:
-            code = self._exit_codes.pop(call_id, None)
+        known = self._exit_codes.pop(call_id, None)
+        if code is None and known is not None:
+            # a PostToolUse hook's output is the bare text: the exit code comes from the
+            # command's end event, and goes into the hash so both copies hash the same
+            code = payload["exit_code"] = known
         failed = error if error is not None else code is not None and code != 0
         self.result(call_id, t, payload, error=failed, output=text)
 
@@ -279,7 +283,7 @@ class CodexMapper(TranscriptMapper):
         if etype == "user_message":
             text = msg.get("message")
             if isinstance(text, str) and text.strip():
-                ref = content_ref(text)
+                ref = self._user_ref = content_ref(text)
                 self.emit(
                     self.event(self._line_id(), t, "communicate", "user", role="human", content_ref=ref)
                 )
@@ -287,11 +291,11 @@ class CodexMapper(TranscriptMapper):
         elif etype == "token_count":
             self._token_count(msg.get("info"))
         elif etype == "exec_command_end":
-            call_id, code = msg.get("call_id"), msg.get("exit_code")
-            if isinstance(call_id, str) and isinstance(code, int):
-                self._exit_codes[call_id] = code
-                if len(self._exit_codes) > _EXIT_CODES_KEPT:
-                    self._exit_codes.popitem(last=False)
+            self._exit_code(msg.get("call_id"), msg.get("exit_code"))
+        elif etype == "item_completed":
+            item = msg.get("item")
+            if isinstance(item, dict) and self._item_completed(item, t):
+                return
         elif etype == "task_started":
             turn = msg.get("turn_id")
             self._turn = turn if isinstance(turn, str) else self._turn
@@ -303,6 +307,42 @@ class CodexMapper(TranscriptMapper):
             )
             return
         self.counts["skipped"] += 1
+
+    def _exit_code(self, call_id: Any, code: Any) -> None:
+        if isinstance(call_id, str) and isinstance(code, int) and not isinstance(code, bool):
+            self._exit_codes[call_id] = code
+            if len(self._exit_codes) > _EXIT_CODES_KEPT:
+                self._exit_codes.popitem(last=False)
+
+    def _item_completed(self, item: dict[str, Any], t: float) -> bool:
+        """Codex 0.169's ``item_completed`` events: a command's exit code, the user's prompt.
+
+        The ``CommandExecution`` item is written before the ``PostToolUse`` hook runs
+        (the ``function_call_output`` line only after it), so the hook learns the exit
+        code here. The prompt (``UserMessage``) is a ``communicate`` by the user, as an
+        older rollout's ``user_message`` event (a copy right after one is skipped).
+        Whether an event was emitted.
+        """
+        kind = item.get("type")
+        if kind == "CommandExecution":
+            self._exit_code(item.get("id"), item.get("exit_code"))
+            return False
+        if kind != "UserMessage":
+            return False
+        content = item.get("content")
+        text = "\n".join(
+            str(b.get("text"))
+            for b in (content if isinstance(content, list) else [])
+            if isinstance(b, dict) and isinstance(b.get("text"), str)
+        )
+        if not text.strip():
+            return False
+        ref = content_ref(text)
+        if ref == self._user_ref:
+            return False
+        self._user_ref = ref
+        self.emit(self.event(self._line_id(), t, "communicate", "user", role="human", content_ref=ref))
+        return True
 
     def _token_count(self, info: Any) -> None:
         total = info.get("total_token_usage") if isinstance(info, dict) else None
@@ -321,6 +361,7 @@ class CodexMapper(TranscriptMapper):
         self, ts: float | None, last_message: str | None = None, turn_id: str | None = None
     ) -> None:
         """The turn ends (a ``Stop``/``SubagentStop`` hook, or ``task_complete``): a proposed stop."""
+        self._user_ref = None  # the next turn's prompt may repeat this one's
         turn = turn_id or self._turn
         if turn is None:
             self._stops += 1
@@ -354,6 +395,7 @@ class CodexMapper(TranscriptMapper):
             "stops": self._stops,
             "skip_until": self._skip_until,
             "thread": [self.thread_id, self.parent_id, self.spawn_call],
+            "user_ref": self._user_ref,
         }
 
     def _load_extra(self, data: Mapping[str, Any]) -> None:
@@ -372,6 +414,8 @@ class CodexMapper(TranscriptMapper):
         self._turn = turn if isinstance(turn, str) else None
         self._stops = stops if isinstance(stops, int) else 0
         self._skip_until = skip if isinstance(skip, str) else None
+        user_ref = data.get("user_ref")
+        self._user_ref = user_ref if isinstance(user_ref, str) else None
         thread = data.get("thread")
         if isinstance(thread, list) and len(thread) == 3:
             self.thread_id, self.parent_id, self.spawn_call = (

@@ -70,6 +70,7 @@ from stopserve.api import (
 )
 from stopserve.error_table import openapi_responses
 from stopserve.errors import AuthError, ConfigError, Issue, RunLimitError, StopServeError
+from stopserve.hooks.serve import HookEndpoint
 from stopserve.ids import RUN_ID_PATTERN
 from stopserve.service.engine import Engine, load_policy
 from stopserve.service.errors import error_response, install_error_handlers
@@ -373,6 +374,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gc.collect()
         gc.freeze()
         app.state.engine = engine
+        app.state.hooks = HookEndpoint(settings.hook_state_dir, engine.decide_body)
 
         async def ticker() -> None:
             period = min(settings.fsync_interval_s, 5.0)
@@ -474,6 +476,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return _gone()
         done = await run_in_threadpool(_engine(request).outcome, run_id, body)
         return _json(done.model_dump(mode="json"))
+
+    @app.post(
+        "/v1/hooks/claude-code",
+        responses=_ERRORS,
+        tags=["hooks"],
+        summary="Claude Code's HTTP hook: the hook input in, the hook's answer out",
+    )
+    async def claude_code_hook(request: Request) -> Response:
+        """The same decisions and reasons as `stopserve hook claude-code` (docs/hooks.md); `{}`: no answer."""
+        hooks: HookEndpoint = request.app.state.hooks
+        return _json(await hooks.handle(await request.body(), request.query_params))
 
     # before the run route: its {run_id:path} would take ".../credit" as an id (and refuse it)
     @app.get(

@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar, cast
@@ -30,6 +30,7 @@ from typing import Any, Final, TypeVar, cast
 import anyio
 import anyio.to_thread
 import orjson
+from pydantic import ValidationError
 
 from stopserve.api import (
     MAX_ID_CHARS,
@@ -62,6 +63,7 @@ from stopserve.errors import (
     RunNotFoundError,
     StopServeError,
     TraceValidationError,
+    pydantic_issues,
 )
 from stopserve.features import FEATURE_NAMES, LOOP_ID_WINDOW, RunState
 from stopserve.policy import Policy, StopDecision
@@ -276,6 +278,16 @@ class Engine:
         if decision is not None:
             self._observe(decision, start)
         return answer
+
+    async def decide_body(self, run_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`decide` for a request body given as data (the HTTP hooks' in-process decide);
+        a body that is not a valid ``DecideRequest`` raises :class:`TraceValidationError`."""
+        try:
+            req = DecideRequest.model_validate(body)
+        except ValidationError as exc:
+            issues = pydantic_issues(exc.errors(include_url=False))
+            raise TraceValidationError(f"run {run_id!r}: the hook's events were refused", issues) from None
+        return await self.decide(run_id, req)
 
     def _decide_with_lock(
         self, run: Run, run_id: str, req: DecideRequest

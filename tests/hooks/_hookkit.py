@@ -2,11 +2,13 @@
 the harnesses send them, and the hook run as the harness runs it (a subprocess fed JSON
 on stdin).
 
-Hook input fields follow the protocols: Claude Code's hooks reference (common fields
-``session_id``, ``transcript_path``, ``cwd``, ``permission_mode``, ``hook_event_name``;
-``stop_hook_active`` on stops; ``tool_*`` on tool hooks) and Codex's generated schemas
-(``codex-rs/hooks/schema/generated/*.command.input.schema.json``: ``turn_id``,
-``model``, ``last_assistant_message`` ... all required).
+Hook input fields are those the real binaries send (Claude Code 2.1.328, Codex CLI
+0.169.0, captured in tests/harness): common ``session_id``, ``transcript_path``, ``cwd``,
+``permission_mode``, ``hook_event_name``; Claude Code's ``prompt_id`` (one per prompt),
+Codex's ``turn_id`` and ``model``; ``stop_hook_active`` on stops; ``tool_*`` on tool
+hooks (Claude Code's ``PostToolUseFailure``: ``error``, no ``tool_response``; Codex's
+``tool_response``: the bare output text, its exit code in the rollout's
+``item_completed`` ``CommandExecution`` event, written before the hook runs).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class ClaudeSession:
         self.path.touch()
         self.main_path = folder / f"{session_id}.jsonl"
         self._n = 0
+        self.prompt = 0
 
     def _uuid(self) -> str:
         self._n += 1
@@ -100,6 +103,7 @@ class ClaudeSession:
         return base
 
     def user(self, text: str) -> None:
+        self.prompt += 1
         self.line({**self._base("user"), "message": {"role": "user", "content": text}})
 
     def say(self, text: str) -> str:
@@ -149,6 +153,7 @@ class ClaudeSession:
             "cwd": str(self.main_path.parent),
             "permission_mode": "default",
             "hook_event_name": event,
+            "prompt_id": f"prompt-{self.prompt}",
         }
         if self.agent_id:
             data.update(agent_id=self.agent_id, agent_type="general-purpose")
@@ -170,6 +175,28 @@ class ClaudeSession:
             "tool_input": tool_input,
             "tool_response": response,
             "tool_use_id": call_id,
+        }
+
+    def pre_tool(self, call_id: str, name: str, tool_input: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **self._common("PreToolUse"),
+            "tool_name": name,
+            "tool_input": tool_input,
+            "tool_use_id": call_id,
+        }
+
+    def post_tool_failure(
+        self, call_id: str, name: str, tool_input: dict[str, Any], error: str
+    ) -> dict[str, Any]:
+        """As Claude Code 2.1 sends a failed call: ``error`` without the transcript's "Error: "."""
+        return {
+            **self._common("PostToolUseFailure"),
+            "tool_name": name,
+            "tool_input": tool_input,
+            "tool_use_id": call_id,
+            "error": error,
+            "is_interrupt": False,
+            "duration_ms": 12,
         }
 
 
@@ -212,6 +239,19 @@ class CodexSession:
         self.record("response_item", {"type": "function_call_output", "call_id": call_id, "output": out})
         return out
 
+    def command_done(self, call_id: str, code: int, body: str) -> str:
+        """Codex 0.169's ``item_completed`` event of a command (before its PostToolUse hook);
+        the bare output text, as the hook's ``tool_response`` has it."""
+        item = {
+            "type": "CommandExecution",
+            "id": call_id,
+            "status": "failed" if code else "completed",
+            "aggregated_output": body,
+            "exit_code": code,
+        }
+        self.record("event_msg", {"type": "item_completed", "turn_id": f"turn-{self.turn}", "item": item})
+        return body
+
     def _common(self, event: str) -> dict[str, Any]:
         return {
             "session_id": self.thread_id,
@@ -225,6 +265,14 @@ class CodexSession:
 
     def stop(self, last: str | None, *, active: bool = False) -> dict[str, Any]:
         return {**self._common("Stop"), "stop_hook_active": active, "last_assistant_message": last}
+
+    def pre_tool(self, call_id: str, command: str) -> dict[str, Any]:
+        return {
+            **self._common("PreToolUse"),
+            "tool_name": "Bash",
+            "tool_input": {"command": command},
+            "tool_use_id": call_id,
+        }
 
     def post_tool(self, call_id: str, command: str, response: Any) -> dict[str, Any]:
         return {

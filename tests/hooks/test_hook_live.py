@@ -117,13 +117,20 @@ def test_a_looping_run_is_ended_from_a_tool_hook(server: LiveServer, tmp_path: P
         if not i % 2:
             s.result(call_id, response)
     assert [a.answer is None for a in answers[:3]] == [True, True, True]
-    ended = answers[3].answer
-    assert ended is not None and ended["continue"] is False
-    assert "loop detected" in ended["stopReason"] and "pytest -x tests/test_io.py" in ended["stopReason"]
+    told = answers[3].answer  # after the call: the model is told to report and finish
+    assert told is not None and told["decision"] == "block"
+    assert "loop detected" in told["reason"] and "pytest -x tests/test_io.py" in told["reason"]
+    assert "Do not call more tools" in told["reason"]
     last = records(state)[3]
     assert (last["safety_net"], last["pattern"]) == ("loop_detector", "repeated_action_observation")
     # each call counted once although it was seen twice (hook input and transcript)
     assert last["turn"] == 4
+    # its next call is refused and the turn ended (Claude Code: continue false), the user told why
+    s.call("toolu_loop9", "Bash", command)
+    ended = run_hook("claude-code", s.pre_tool("toolu_loop9", "Bash", command), url=server.url, state=state)
+    assert ended.answer is not None and ended.answer["continue"] is False
+    assert ended.answer["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert ended.answer["systemMessage"].startswith("stopserve ended the run: loop detected")
 
 
 def test_server_down_lets_the_agent_stop_within_the_timeout(tmp_path: Path, state: Path) -> None:
@@ -319,10 +326,16 @@ def test_codex_stop_and_loop(server: LiveServer, tmp_path: Path, state: Path) ->
             run_hook("codex", s.post_tool(f"call_{i}", "cargo test", out), url=server.url, state=state).answer
         )
     ended = next(a for a in answers if a is not None)
-    # exit code 101 each time: the same failing call, three times in a row
-    assert answers.index(ended) == 2 and ended["continue"] is False
-    assert "the same call failed again and again (last: Bash: cargo test)" in ended["stopReason"]
+    # exit code 101 each time: the same failing call, three times in a row. Codex acts on no
+    # `continue: false` from a tool hook: the model is told (the reason replaces the output)
+    assert answers.index(ended) == 2 and ended["decision"] == "block"
+    assert "the same call failed again and again (last: Bash: cargo test)" in ended["reason"]
+    assert "Do not call more tools" in ended["reason"]
     assert records(state)[3]["pattern"] == "repeated_action_error"
+    # and every further tool call of the turn is refused before it runs
+    s.shell_call("call_9", "ls")
+    refused = run_hook("codex", s.pre_tool("call_9", "ls"), url=server.url, state=state).answer
+    assert refused is not None and refused["hookSpecificOutput"]["permissionDecision"] == "deny"
 
 
 def test_a_run_the_service_dropped_is_told_apart_from_a_closed_one(tmp_path: Path, state: Path) -> None:

@@ -42,7 +42,7 @@ def test_install_merges_keeps_a_backup_and_is_idempotent(
     out = capsys.readouterr().out
     data = json.loads(path.read_text())
     assert data["model"] == "opus" and data["permissions"] == before["permissions"]  # untouched
-    assert data["hooks"]["PreToolUse"] == [{"matcher": "Bash", "hooks": [THEIRS]}]
+    assert data["hooks"]["PreToolUse"][0] == {"matcher": "Bash", "hooks": [THEIRS]}  # theirs kept, first
     for event in EVENTS[harness]:
         ours = [h for g in data["hooks"][event] for h in g["hooks"] if is_ours(h)]
         assert len(ours) == 1 and "--url http://127.0.0.1:9000" in ours[0]["command"]
@@ -50,8 +50,8 @@ def test_install_merges_keeps_a_backup_and_is_idempotent(
     assert data["hooks"]["Stop"][0] == {"hooks": [THEIRS]}  # theirs first, still there
     (backup,) = path.parent.glob("*.stopserve.bak")
     assert json.loads(backup.read_text()) == before and "backup" in out
-    if harness == "codex":
-        assert "/hooks" in out  # Codex asks to trust new hooks
+    if harness == "codex":  # Codex runs new hooks only once trusted, and `codex exec` never asks
+        assert "/hooks" in out and "--dangerously-bypass-hook-trust" in out and "--trust" in out
     text = path.read_text()
     assert (
         main(["hook", "install", harness, "--project", str(tmp_path), "--url", "http://127.0.0.1:9000"]) == 0

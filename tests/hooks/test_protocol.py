@@ -54,7 +54,8 @@ def test_claude_code_stop_subagent_and_tool_inputs() -> None:
     assert (
         tool.kind == "tool"
         and tool.transcript == "/p/s1/subagents/agent-ab1.jsonl"
-        and tool.tool_response == "Exit code 2"
+        # Claude Code's transcript has "Error: Exit code 2" (toolUseResult) for the same result
+        and tool.tool_response == "Error: Exit code 2"
     )
     pre = parse_input(
         raw(

@@ -169,7 +169,14 @@ def test_a_stop_decision_with_a_null_reason_imports() -> None:
         "task_id": "t",
         "events": [
             {"id": "a", "t": 0, "type": "tool_call", "agent": "x"},
-            {"id": "b", "t": 1, "type": "orchestrator_decision", "agent": "o", "decision": "stop", "reason": None},
+            {
+                "id": "b",
+                "t": 1,
+                "type": "orchestrator_decision",
+                "agent": "o",
+                "decision": "stop",
+                "reason": None,
+            },
         ],
         "edges": [],
         "rewards": {"team": 0.0},

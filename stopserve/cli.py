@@ -155,7 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true", help="reject unknown top-level fields")
     p.add_argument("--max-errors", type=_positive_int, default=1000, help="stop listing after this many")
 
-    p = sub.add_parser("import", help="convert a foreign trace format to format v1 JSON Lines")
+    p = sub.add_parser(
+        "import",
+        help="convert a foreign trace format to format v1 JSON Lines",
+        description="Convert a foreign trace format to format v1 JSON Lines (docs/trace-format.md). "
+        "A run that cannot be converted is skipped and listed on stderr with its file and field; "
+        "the summary line counts the skips by reason.",
+        epilog="Exit status: 0 when traces were written, skips or not; 1 with --strict when any run "
+        "was skipped (the others are still written); 2 when nothing could be imported.",
+    )
     p.add_argument("format", choices=IMPORT_FORMATS, help="the source format")
     p.add_argument("sources", nargs="+", metavar="SRC", help="files or folders to read")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="output .jsonl or .jsonl.gz")
@@ -164,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reward", type=float, help="openai-chat: reward for runs that carry none")
     p.add_argument(
         "--labels", metavar="FILE", help="claude-code, codex: session rewards (the hook's labels.jsonl)"
+    )
+    p.add_argument(
+        "--strict", action="store_true", help="exit 1 when any run was skipped (the rest is still written)"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -67,8 +67,9 @@ def validate(args: argparse.Namespace) -> int:
 def import_traces(args: argparse.Namespace) -> int:
     """Convert foreign traces to format v1 JSON Lines; say how many were written and skipped.
 
-    Exit 0 when everything converted, 1 when some sources were skipped (the rest is
-    written), 2 when nothing could be read.
+    Exit 0 when traces were written, whether or not some runs were skipped (each skip is
+    listed on stderr and counted in the summary); with ``--strict`` 1 when any was skipped
+    (the rest is still written); 2 when nothing could be imported.
     """
     from stopserve.importers import IMPORTERS
 
@@ -126,7 +127,7 @@ def import_traces(args: argparse.Namespace) -> int:
     if count == 0:
         print(f"stopserve import: error: nothing imported; {out} not written", file=sys.stderr)
         return 2
-    return 1 if skipped else 0
+    return 1 if skipped and args.strict else 0
 
 
 def _progress(items: Iterable[_T], desc: str, *, off: bool) -> Iterable[_T]:

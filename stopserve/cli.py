@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -468,12 +467,11 @@ def _key(args: argparse.Namespace) -> str:
 
 
 def _runner(command: str) -> Callable[[argparse.Namespace], int]:
-    extra, needs = _EXTRAS.get(command, ("", ()))
-    missing = [name for name in needs if importlib.util.find_spec(name) is None]
-    if missing:
-        what = ", ".join(missing)
-        hint = f"pip install 'stopserve[{extra}]'"
-        raise StopServeError(f"needs the [{extra}] extra ({what} not installed): {hint}")
+    if command in _EXTRAS:
+        from stopserve.extras import require
+
+        extra, needs = _EXTRAS[command]
+        require(extra, *needs, what="this command")
     module_name, func = _RUNNERS[command].split(":")
     module = importlib.import_module(module_name)
     run: Callable[[argparse.Namespace], int] = getattr(module, func)

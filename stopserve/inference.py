@@ -49,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stopserve.errors import ConfigError, Issue, ModelError
+from stopserve.extras import install_hint
 
 __all__ = ["ENGINES", "Forest", "InferenceInfo", "clear_compiled", "default_cache_dir", "resolve_engine"]
 
@@ -67,7 +68,7 @@ ZERO_THRESHOLD: Final = float(np.float32(1e-35))
 _MEMO_SIZE: Final = 32
 #: A compiled booster must match LightGBM within this (relative) on every probe row.
 _PROBE_RTOL: Final = 1e-9
-_FAST_EXTRA: Final = "pip install 'stopserve[fast]'"
+_FAST_EXTRA: Final = install_hint("fast")
 #: gcc's -O1: half the build time of TL2cgen's -O3, and no slower per call (bench/NOTES.md).
 _BUILD_OPTIONS: Final = ("-O1",)
 #: Cache files are readable by all (mkstemp makes them private): a cache built at image build

@@ -110,8 +110,8 @@ def test_training_commands_name_their_extra_when_it_is_missing(
     traces = _jsonl(tmp_path / "t.jsonl", _trace("abc"))
     assert main(["train", traces, "-o", str(tmp_path / "model")]) == 2
     err = capsys.readouterr().err
-    assert "stopserve train: error: needs the [train] extra (tqdm not installed)" in err
-    assert "pip install 'stopserve[train]'" in err and "Traceback" not in err
+    assert "stopserve train: error: this command needs the [train] extra (tqdm is not installed)" in err
+    assert "pip install -e '.[train]'" in err and "Traceback" not in err
     assert not (tmp_path / "model").exists()
 
 

@@ -294,7 +294,7 @@ def test_without_tl2cgen_or_gcc_auto_falls_back_and_says_why(
     info = policy.inference
     assert info is not None and info == policy.manifest["inference"], "GET /v1/model serves the manifest"
     assert info["engine"] == "lightgbm" and info["requested"] == "auto"
-    assert "tl2cgen is not installed" in info["detail"] and "stopserve[fast]" in info["detail"]
+    assert "tl2cgen is not installed" in info["detail"] and "'.[fast]'" in info["detail"]
     assert any("tl2cgen is not installed" in r.getMessage() for r in caplog.records), "the fallback is logged"
     with pytest.raises(ModelError, match="engine 'tl2cgen' was asked for, but tl2cgen is not installed"):
         Policy.load(mdir, engine="tl2cgen", cache_dir=tmp_path / "c")

@@ -401,6 +401,9 @@ def open_store(
             max_bytes=settings.max_store_bytes,
             on_evict=on_evict,
         )
+    from stopserve.extras import require
+
+    require("redis", "redis", "msgpack", what="STOPSERVE_STORE=redis://...")
     from stopserve.service.redis_store import RedisRunStore
 
     return RedisRunStore(

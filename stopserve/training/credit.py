@@ -607,13 +607,14 @@ def _num(x: float | None) -> str:
 
 def plot_timeline(report: TraceCredit, path: str | Path) -> None:
     """A PNG: V(s_t) along the run, and each event's credit as a bar coloured by agent."""
-    try:
-        import matplotlib
+    from stopserve.extras import require
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise TrainingError("--plot needs matplotlib: pip install 'stopserve[plot]'") from exc
+    require("plot", "matplotlib", what="--plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     agents = list(dict.fromkeys(e.agent for e in report.events))
     cmap = plt.get_cmap("tab10" if len(agents) <= 10 else "tab20")
     colour = {a: cmap(i % cmap.N) for i, a in enumerate(agents)}

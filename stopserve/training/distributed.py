@@ -54,6 +54,7 @@ from typing import Any, Final
 import numpy as np
 
 from stopserve.errors import StopServeError, TrainingError
+from stopserve.extras import require
 from stopserve.features import FEATURE_NAMES
 from stopserve.policy import Policy
 from stopserve.safety import SafetyConfig
@@ -92,18 +93,9 @@ LOSS_GRACE: Final = 5.0
 #: Cross-entropy is computed on probabilities clipped here, as LightGBM's metric does.
 _EPS: Final = 1e-15
 
-_EXTRA_HINT: Final = "pip install 'stopserve[dask]'"
-
 
 def _require_dask() -> None:
-    try:
-        import dask.array  # noqa: F401
-        import distributed  # noqa: F401
-        import lightgbm.dask  # noqa: F401
-    except ImportError as exc:
-        raise TrainingError(
-            f"--dask needs Dask and lightgbm.dask ({exc.name} is missing): {_EXTRA_HINT}"
-        ) from None
+    require("dask", "dask.array", "distributed", "lightgbm.dask", what="--dask")
 
 
 # --------------------------------------------------------------------------- partitions
@@ -766,10 +758,7 @@ def write_parquet(
     each file is featurized and written by a task on the cluster (the workers must see
     ``out_dir``).
     """
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        raise TrainingError(f"--parquet needs pyarrow: {_EXTRA_HINT}") from None
+    require("dask", "pyarrow", what="--parquet")
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise TrainingError(f"{out}: exists and is not an empty folder; give a new folder for --parquet")

@@ -370,13 +370,14 @@ def evaluate(
 
 def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
     """Draw success against mean cost: learned λ sweep, heuristic sweeps, behavior, oracle."""
-    try:
-        import matplotlib
+    from stopserve.extras import require
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise TrainingError("--plot needs matplotlib: pip install 'stopserve[plot]'") from exc
+    require("plot", "matplotlib", what="--plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 5))
     sweeps = report.get("sweeps", {})
     styles = {"learned": "o-", "turn_cap": "s--", "cost_cap": "^--", "reward_threshold": "v--"}

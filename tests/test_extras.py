@@ -22,6 +22,7 @@ def run_without(hidden: str, *args: str, env: dict[str, str] | None = None, cwd:
     environ.update(env or {})
     proc = subprocess.run(
         [sys.executable, str(HIDE), hidden, *args],
+        check=False,
         env=environ,
         cwd=cwd,
         capture_output=True,

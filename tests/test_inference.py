@@ -245,14 +245,18 @@ def test_cache_is_written_once_then_read_and_a_corrupt_entry_is_rebuilt(
 
 
 @needs_compiler
-def test_unusable_cache_dir_compiles_in_memory(tmp_path: Path) -> None:
+def test_unusable_cache_dir_compiles_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mdir = _small_model_dir(tmp_path)
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
+    # a temporary folder of this test's own: other stopserve processes build in the shared one
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     info = _fresh_load(mdir, blocker)
     assert (info["engine"], info["cache"]) == ("tl2cgen", "memory")
     assert "not cached" in info["detail"] and str(blocker) in info["detail"]
-    assert not list(Path(tempfile.gettempdir()).glob("stopserve-tl2cgen-*")), "the build folder is gone"
+    assert not list(own_tmp.iterdir()), "the build folder is gone"
     if os.geteuid() != 0:  # root writes anywhere: a read-only folder needs a user
         ro = tmp_path / "ro"
         ro.mkdir(mode=0o500)

@@ -609,6 +609,9 @@ def serve_command(args: argparse.Namespace) -> int:
             "calls. Set STOPSERVE_STORE=redis://host:port/db (a shared run store) for several workers, "
             "or run one worker; or run several independent sidecars, each owning its own runs."
         )
+    from stopserve.service.port import check_port
+
+    check_port(settings.host, settings.port)  # before the model loads: a busy port is said at once
     if settings.shared_store:
         _check_store(settings)
     path = settings.resolved_model_dir()

@@ -43,7 +43,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def holder_of(port: int) -> str | None:
-    """``"pid 123 (stopserve serve --port 8080)"`` for the process listening on ``port``, if it can be seen."""
+    """``"pid 123 (stopserve serve ...)"`` for the process listening on ``port``, if it can be seen."""
     inodes = _listening_inodes(port)
     if not inodes:
         return None

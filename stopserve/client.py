@@ -718,6 +718,10 @@ class _Core:
         if run is not None and run.local_only:
             self.undelivered(run_id, run, body, run.why_local)
             return None
+        if self.is_down():
+            # the breaker is open: as decide, do not wait on a service that just failed
+            self.undelivered(run_id, run, body, "the service failed just now (circuit breaker open)")
+            return None
         try:
             data = yield from self.request(
                 "POST",

@@ -409,3 +409,22 @@ def test_a_small_max_pending_drops_nothing_while_the_service_answers(
         d = client.decide("c-pending", many_steps(EventRecorder(), 40))
     assert (d.turn, d.degraded) == (40, False)
     assert "dropped" not in caplog.text
+
+
+@pytest.mark.timeout(30)
+def test_outcome_fails_as_fast_as_decide_once_the_breaker_is_open(tmp_path: Path) -> None:
+    import time
+
+    spool = tmp_path / "spool.jsonl"
+    with socket.socket() as sock:  # accepts connections, never answers
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with StopClient(url, timeout=0.1, outcome_timeout=5.0, spool=spool) as client:
+            assert client.decide("c-silent", step(EventRecorder(), 0)).degraded  # opens the breaker
+            start = time.monotonic()
+            assert client.outcome("c-silent", {"team": 1.0}) is None
+            took = time.monotonic() - start
+    assert took < 1.0, f"outcome waited {took:.2f} s on a service the breaker had given up on"
+    (trace,) = list(read_traces(spool))
+    assert trace.trace_id == "c-silent" and trace.rewards == {"team": 1.0}

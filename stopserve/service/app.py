@@ -475,6 +475,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         done = await run_in_threadpool(_engine(request).outcome, run_id, body)
         return _json(done.model_dump(mode="json"))
 
+    # before the run routes: their {run_id:path} would take "x/decide" as an id and answer 422
+    @app.api_route(
+        "/v1/runs/{run_id:path}/decide", methods=["GET", "HEAD", "DELETE"], include_in_schema=False
+    )
+    @app.api_route(
+        "/v1/runs/{run_id:path}/outcome", methods=["GET", "HEAD", "DELETE"], include_in_schema=False
+    )
+    def post_only() -> Response:
+        raise StarletteHTTPException(405, headers={"Allow": "POST"})
+
     # before the run route: its {run_id:path} would take ".../credit" as an id (and refuse it)
     @app.get(
         "/v1/runs/{run_id:path}/credit",

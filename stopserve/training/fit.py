@@ -1087,7 +1087,9 @@ def _summary(r: Any) -> dict[str, float]:
 
 def _version(manifest: Mapping[str, Any]) -> str:
     digest = str(manifest.get("training_data", {}).get("sha256", ""))[:8]
-    return f"{manifest.get('kind')}-{manifest.get('method')}-{time.strftime('%Y%m%d%H%M%S')}-{digest}"
+    kind, method = manifest.get("kind"), manifest.get("method")
+    name = kind if method in (None, kind) else f"{kind}-{method}"  # a heuristic is named once
+    return f"{name}-{time.strftime('%Y%m%d%H%M%S')}-{digest}"
 
 
 def _progress(total: int, enabled: bool) -> Any:

@@ -342,3 +342,16 @@ def test_concurrent_retries_of_one_run_are_serialized(client: TestClient, tmp_pa
     assert len(answers) == 8 and {a["turn"] for a in answers} == {1}
     assert sorted(a["events_accepted"] for a in answers) == [0] * 7 + [2]
     assert len(lines(tmp_path / "logs" / "decisions.jsonl")) == 1
+
+
+def test_the_wrong_method_on_a_post_route_is_405_not_a_run_id_error(client: TestClient) -> None:
+    for path in ("/v1/runs/x/decide", "/v1/runs/x/outcome"):
+        for method in ("GET", "DELETE", "PUT"):
+            r = client.request(method, path)
+            assert r.status_code == 405, (method, path, r.text)
+            assert r.json()["error"]["type"] == "method_not_allowed" and "POST" in r.headers["allow"]
+    assert client.get("/v1/runs/x").json()["error"]["type"] == "run_not_found"
+    assert client.get("/v1/runs/x/credit").status_code == 404
+    assert client.get("/v1/runs/a%2Fb").status_code == 422  # an id with a slash is still refused
+    paths = client.get("/openapi.json").json()["paths"]
+    assert set(paths["/v1/runs/{run_id}/decide"]) == {"post"}

@@ -1,6 +1,6 @@
 """Trace format v1: models, validation, and streaming read/write.
 
-The contract is ``shared/spec/trace-format.md``; this module is its code. A trace
+The contract is ``docs/trace-format.md``; this module is its code. A trace
 is one run of an agent system: events (eight atomic types), optional edges,
 final rewards, costs, the stop, the budget in force and free metrics.
 

@@ -358,3 +358,18 @@ def test_the_trace_format_contract_is_in_the_repository() -> None:
     page = (ROOT / "docs" / "trace-format.md").read_text()
     assert "**This page is the contract**" in page and "shared/spec" not in page
     assert "``docs/trace-format.md``" in (ROOT / "stopserve" / "trace.py").read_text()
+
+
+def test_the_readme_simulator_commands_agree_and_report_the_optimal_row(tmp_path: Path) -> None:
+    """The README's simulate -> train -> evaluate block, on fewer runs: its flags agree, so
+    ``evaluate`` reports the simulator's ``optimal`` row (it drops it at another lambda)."""
+    (block,) = [b for b in blocks(ROOT / "README.md") if b.kind == "run" and "stopserve simulate" in b.body]
+    commands = [_COMMENT.sub("", line).strip() for line in block.body.splitlines() if line.strip()]
+    commands = [c.replace("--n 300", "--n 80") for c in commands if c]
+    assert commands[-1].startswith("stopserve evaluate")
+    commands[-1] += " --json"
+    session = Session(tmp_path)
+    done = session._run(["bash", "-c", "set -euo pipefail\n" + "\n".join(commands)])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(done.stdout[done.stdout.index("{") :])
+    assert "optimal" in report["policies"] and "oracle" in report["policies"]

@@ -153,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="FILE", help=".json, .jsonl or .jsonl.gz trace files")
     p.add_argument("--strict", action="store_true", help="reject unknown top-level fields")
     p.add_argument("--max-errors", type=_positive_int, default=1000, help="stop listing after this many")
+    _no_progress(p)
 
     p = sub.add_parser(
         "import",
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strict", action="store_true", help="exit 1 when any run was skipped (the rest is still written)"
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _no_progress(p)
 
     p = sub.add_parser(
         "features", help="write the features and labels of every decision point as CSV or Parquet"
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _dask_options(p, "featurize on a Dask cluster, one task per input file")
     _label_options(p)
+    _no_progress(p)
 
     p = sub.add_parser(
         "train",
@@ -241,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Default: 10",
     )
     p.add_argument("--seed", type=int, default=0, help="Default: 0")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _no_progress(p)
     _dask_options(
         p, "featurize (one task per input file), fit the boosters and replay the policies on a Dask cluster"
     )
@@ -258,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     _dask_options(p, "featurize and replay on a Dask cluster, one task per input file")
     _label_options(p)
+    _no_progress(p)
 
     p = sub.add_parser("simulate", help="generate orchestration traces with a known optimal stop rule")
     p.add_argument("--n", type=_positive_int, default=1000, help="number of traces")
@@ -268,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-to-cap", action="store_true", help="run every trace to the cap, grade every prefix")
     p.add_argument("--noise", type=_non_negative_float, help="verifier noise (standard deviation)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.jsonl")
+    _no_progress(p)
 
     p = sub.add_parser(
         "credit",
@@ -320,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="timeline of V and per-event credit (first trace)")
     p.add_argument("--limit", type=_positive_int, default=30, help="rows per table (default 30)")
     p.add_argument("--limit-traces", type=_positive_int, default=3, help="event tables shown (default 3)")
+    _no_progress(p)
 
     p = sub.add_parser("serve", help="serve continue-or-stop decisions over HTTP")
     p.add_argument("--model", metavar="DIR", help="model directory (default: the shipped models/default)")
@@ -383,6 +388,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reward", type=float, required=True, help="the session's outcome in [0, 1]")
     _hook_options(p)
     return parser
+
+
+def _no_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (shown on stderr, on a terminal only)"
+    )
 
 
 def _auto_or_int(text: str) -> str | int:

@@ -6,11 +6,11 @@ import argparse
 import collections
 import os
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from stopserve.errors import ImporterError, TraceFormatError
+from stopserve.progress import progress
 from stopserve.trace import TraceWriter, scan
 
 __all__ = ["import_traces", "validate"]
@@ -30,8 +30,14 @@ def validate(args: argparse.Namespace) -> int:
     n_valid = n_invalid = n_unreadable = n_issues = 0
     shown = 0
     for path in args.files:
+        records = progress(
+            scan(path, strict=args.strict),
+            desc=f"validate {path}",
+            unit=" traces",
+            enabled=not args.no_progress,
+        )
         try:
-            for record in scan(path, strict=args.strict):
+            for record in records:
                 if record.trace is not None:
                     n_valid += 1
                     continue
@@ -97,7 +103,8 @@ def import_traces(args: argparse.Namespace) -> int:
     reader = IMPORTERS[args.format](args.sources, on_error=skipped.append, **options)
     try:
         with TraceWriter(tmp) as writer:
-            for trace in _progress(reader, f"import {args.format}", off=args.no_progress):
+            bar = progress(reader, desc=f"import {args.format}", unit=" traces", enabled=not args.no_progress)
+            for trace in bar:
                 writer.write(trace)
             count = writer.count
         if count == 0:
@@ -128,16 +135,6 @@ def import_traces(args: argparse.Namespace) -> int:
         print(f"stopserve import: error: nothing imported; {out} not written", file=sys.stderr)
         return 2
     return 1 if skipped and args.strict else 0
-
-
-def _progress(items: Iterable[_T], desc: str, *, off: bool) -> Iterable[_T]:
-    """``items`` with a progress bar on a terminal, when tqdm (the [train] extra) is installed."""
-    try:
-        from tqdm import tqdm
-    except ImportError:  # a service install: converting needs no bar
-        return items
-    # disable None: only on a terminal; delay: small inputs finish before a bar appears
-    return tqdm(items, desc=desc, unit=" traces", file=sys.stderr, disable=True if off else None, delay=1.0)
 
 
 def _reason(err: ImporterError) -> str:

@@ -77,6 +77,7 @@ import numpy.typing as npt
 from stopserve.errors import ConfigError, ModelError, TrainingError
 from stopserve.features import RunState
 from stopserve.policy import Policy, cost_so_far, cost_weight
+from stopserve.progress import progress
 from stopserve.trace import EVENT_TYPES, Event, Trace, read_traces
 from stopserve.training.labels import fold_events
 
@@ -666,7 +667,9 @@ def credit_command(args: argparse.Namespace) -> int:
     types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
     wanted = set(args.trace or ())
     reports: list[TraceCredit] = []
-    for trace in read_traces(args.traces):
+    for trace in progress(
+        read_traces(args.traces), desc="credit", unit=" traces", enabled=not args.no_progress
+    ):
         if wanted and trace.trace_id not in wanted:
             continue
         reports.append(

@@ -57,6 +57,7 @@ from stopserve.errors import StopServeError, TrainingError
 from stopserve.extras import require
 from stopserve.features import FEATURE_NAMES
 from stopserve.policy import Policy
+from stopserve.progress import progress_bar
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Trace, read_traces
 from stopserve.training.fit import EARLY_STOPPING, TraceSource
@@ -362,11 +363,7 @@ class DaskBackend:
         from distributed import as_completed
 
         label_of = {f.key: label for f, label in zip(futures, labels, strict=True)}
-        bar = None
-        if self.progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(futures), desc=what, unit=" partitions", file=sys.stderr)
+        bar = progress_bar(len(futures), desc=what, unit=" partitions", enabled=self.progress)
         try:
             for fut in as_completed(futures):
                 if fut.status == "error":
@@ -816,7 +813,7 @@ def features_dask_command(args: argparse.Namespace) -> int:
     from stopserve.training.labels import write_features_csv
 
     source = TraceSource([str(p) for p in args.traces])
-    backend = None if args.dask is None else DaskBackend.from_args(args, progress=sys.stderr.isatty())
+    backend = None if args.dask is None else DaskBackend.from_args(args, progress=not args.no_progress)
     try:
         if args.parquet is not None:
             n_rows, n_files, unit = write_parquet(

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -474,7 +473,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
             f"({args.model}/manifest.json); evaluate in {model_unit!r}"
         )
     labels_from_rewards = bool(args.labels_from_rewards or manifest.get("labels_from_rewards", False))
-    progress = not args.json and sys.stderr.isatty()
+    progress = not args.no_progress  # on stderr, on a terminal only: --json output stays clean
     backend = None
     if getattr(args, "dask", None) is not None:
         from stopserve.training.distributed import DaskBackend

@@ -54,6 +54,7 @@ from stopserve.artifacts import save_model_dir
 from stopserve.errors import TrainingError
 from stopserve.features import FEATURE_NAMES, scale_free_features
 from stopserve.policy import METHOD_MODELS, Policy
+from stopserve.progress import progress_bar
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.trace import Trace, read_traces
 from stopserve.training.heuristics import (
@@ -1093,11 +1094,10 @@ def _version(manifest: Mapping[str, Any]) -> str:
 
 
 def _progress(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="training", unit=" steps", file=sys.stderr)
+    # a step: one fold's boosters, a tuning or a replay, then the final fit
+    return progress_bar(
+        total, desc="train (fold fits, tunings, replays, final fit)", unit=" steps", enabled=enabled
+    )
 
 
 # --------------------------------------------------------------------------- CLI

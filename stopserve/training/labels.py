@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from stopserve.errors import TrainingError
 from stopserve.features import FEATURE_NAMES, RunState
+from stopserve.progress import progress as _progress
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Event, Trace, is_decision_point, read_traces
 
@@ -407,11 +408,7 @@ def decision_part(
     every_costed_has_usd = True
     any_usd = False
 
-    iterator: Iterable[Trace] = traces
-    if progress:
-        from tqdm import tqdm
-
-        iterator = tqdm(traces, desc="decision points", unit=" traces", file=sys.stderr)
+    iterator = _progress(traces, desc="decision points", unit=" traces", enabled=progress)
 
     for ti, trace in enumerate(iterator):
         state = RunState(topology=trace.topology, budget=trace.budget)
@@ -681,7 +678,7 @@ def features_command(args: argparse.Namespace) -> int:
         args.traces,
         cost_unit=args.cost_unit,
         labels_from_rewards=args.labels_from_rewards,
-        progress=False,
+        progress=not args.no_progress,
     )
     write_features_csv(dp, args.output)
     return 0

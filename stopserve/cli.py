@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Any, Final
 
 from stopserve import __version__
 from stopserve.errors import StopServeError
@@ -55,6 +55,16 @@ IMPORT_FORMATS: Final = (
 )
 #: ``stopserve.training.labels.GROUP_BY`` (not imported: the CLI stays light; a test keeps them equal)
 GROUP_BY: Final = ("task", "repo", "system", "dataset")
+#: ``stopserve.training.simulate.topology.SIM_TOPOLOGIES`` (the same; a test keeps them equal)
+SIM_TOPOLOGIES: Final = (
+    "centralized",
+    "planner_executor_critic",
+    "debate",
+    "swarm",
+    "hierarchical",
+    "harness",
+)
+_TRACES_HELP: Final = "format-v1 trace files (.json, .jsonl, .jsonl.gz)"
 
 
 def _int_at_least(low: int) -> Callable[[str], int]:
@@ -118,7 +128,27 @@ def _json_object(text: str) -> dict[str, object]:
     return data
 
 
-def _hook_options(p: argparse.ArgumentParser) -> None:
+class _HelpFormatter(argparse.HelpFormatter):
+    """Says each option's default after its help, unless the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        unsaid = "default" not in text.lower()
+        default = action.default
+        if default is None or default is False or default is argparse.SUPPRESS or action.required:
+            return text
+        return f"{text} (default: %(default)s)" if unsaid and action.option_strings else text
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help says every default (its sub-parsers are ``_Parser`` too)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _hook_options(p: argparse.ArgumentParser, *, mode: bool = True) -> None:
     import os
 
     from stopserve.hooks import DEFAULT_URL
@@ -126,12 +156,14 @@ def _hook_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url", default=os.environ.get("STOPSERVE_URL", DEFAULT_URL), help="the service (STOPSERVE_URL)"
     )
-    p.add_argument(
-        "--mode",
-        choices=("enforce", "shadow"),
-        default=os.environ.get("STOPSERVE_HOOK_MODE", "enforce"),
-        help="shadow: decide and log, never block or end (STOPSERVE_HOOK_MODE)",
-    )
+    if mode:
+        p.add_argument(
+            "--mode",
+            choices=("enforce", "shadow"),
+            default=os.environ.get("STOPSERVE_HOOK_MODE", "enforce"),
+            help="enforce: block premature stops, end loops; shadow: decide and log, never block or end "
+            "(STOPSERVE_HOOK_MODE)",
+        )
     p.add_argument(
         "--state-dir",
         metavar="DIR",
@@ -141,7 +173,7 @@ def _hook_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (also used by the docs and the tests)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="stopserve",
         description="Learned continue-or-stop decisions for multi-agent LLM orchestrators.",
     )
@@ -150,9 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("validate", help="check trace files against format v1; list every error")
-    p.add_argument("files", nargs="+", metavar="FILE", help=".json, .jsonl or .jsonl.gz trace files")
+    p.add_argument("files", nargs="+", metavar="FILE", help=_TRACES_HELP)
     p.add_argument("--strict", action="store_true", help="reject unknown top-level fields")
-    p.add_argument("--max-errors", type=_positive_int, default=1000, help="stop listing after this many")
+    p.add_argument(
+        "--max-errors", type=_positive_int, default=1000, help="stop listing problems after this many"
+    )
     _no_progress(p)
 
     p = sub.add_parser(
@@ -181,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "features", help="write the features and labels of every decision point as CSV or Parquet"
     )
-    p.add_argument("traces", nargs="+", metavar="TRACES")
+    p.add_argument("traces", nargs="+", metavar="TRACES", help=_TRACES_HELP)
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("-o", "--output", metavar="CSV", help="one CSV file")
     out.add_argument(
@@ -200,8 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Learn a stop policy; it ships only when it beats the best tuned heuristic with "
         "error bars (docs/training.md). Every default is shown below.",
     )
-    p.add_argument("traces", nargs="+", metavar="TRACES")
-    p.add_argument("-o", "--output", required=True, metavar="MODEL_DIR")
+    p.add_argument("traces", nargs="+", metavar="TRACES", help=_TRACES_HELP + " to learn from")
+    p.add_argument("-o", "--output", required=True, metavar="MODEL_DIR", help="the model directory to write")
     _cost_options(p)
     p.add_argument(
         "--cost-scale",
@@ -250,27 +284,31 @@ def build_parser() -> argparse.ArgumentParser:
     _label_options(p)
 
     p = sub.add_parser("evaluate", help="replay policies on held-out traces and compare them")
-    p.add_argument("traces", nargs="+", metavar="TRACES")
-    p.add_argument("--model", required=True, metavar="DIR")
+    p.add_argument("traces", nargs="+", metavar="TRACES", help=_TRACES_HELP + " to judge on")
+    p.add_argument("--model", required=True, metavar="DIR", help="the model directory (stopserve train -o)")
     p.add_argument("--tune-on", nargs="+", metavar="TRACES", help="traces to tune the heuristics on")
     _cost_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw the success/cost Pareto chart")
     _group_option(p, "bootstrap resampling unit and cross-fitting groups")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the cross-fitting folds")
     _dask_options(p, "featurize and replay on a Dask cluster, one task per input file")
     _label_options(p)
     _no_progress(p)
 
     p = sub.add_parser("simulate", help="generate orchestration traces with a known optimal stop rule")
     p.add_argument("--n", type=_positive_int, default=1000, help="number of traces")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--topology", default="all", help="one topology or 'all'")
+    p.add_argument("--seed", type=int, default=0, help="same seed and options, byte-identical output")
+    p.add_argument(
+        "--topology", choices=(*SIM_TOPOLOGIES, "all"), default="all", help="one topology, or all six in turn"
+    )
     p.add_argument("--lambda", dest="lam", type=_non_negative_float, help="cost weight for --optimal")
     p.add_argument("--optimal", action="store_true", help="attach each trace's optimal value")
     p.add_argument("--run-to-cap", action="store_true", help="run every trace to the cap, grade every prefix")
-    p.add_argument("--noise", type=_non_negative_float, help="verifier noise (standard deviation)")
-    p.add_argument("-o", "--output", required=True, metavar="OUT.jsonl")
+    p.add_argument(
+        "--noise", type=_non_negative_float, help="verifier noise (standard deviation; default 0.05)"
+    )
+    p.add_argument("-o", "--output", required=True, metavar="OUT.jsonl", help="the trace file to write")
     _no_progress(p)
 
     p = sub.add_parser(
@@ -280,9 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
         "TD (the change of V between decision points, net of cost, split over the events between "
         "them) or ablation (the change of V when one event is removed and the run refolded).",
     )
-    p.add_argument("traces", nargs="+", metavar="TRACES")
+    p.add_argument("traces", nargs="+", metavar="TRACES", help=_TRACES_HELP)
     p.add_argument("--model", metavar="DIR", help="model directory (default: the shipped models/default)")
-    p.add_argument("--method", choices=("td", "ablation"), default="td", help="Default: td")
+    p.add_argument(
+        "--method",
+        choices=("td", "ablation"),
+        default="td",
+        help="td: the change of V between decision points; ablation: V without each event. Default: td",
+    )
     p.add_argument(
         "--split",
         choices=("tokens", "equal"),
@@ -332,7 +375,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default 8080; STOPSERVE_PORT)")
     p.add_argument("--log-dir", metavar="DIR", help="decision and trace log folder (STOPSERVE_LOG_DIR)")
     p.add_argument(
-        "--workers", type=_positive_int, help="worker processes: only 1 for now (STOPSERVE_WORKERS)"
+        "--workers",
+        type=_positive_int,
+        help="worker processes (default 1; STOPSERVE_WORKERS); more than 1 needs the shared run store "
+        "STOPSERVE_STORE=redis://... (docs/service.md)",
     )
     p.add_argument("--no-model", action="store_true", help="run on safety nets alone")
 
@@ -371,12 +417,12 @@ def build_parser() -> argparse.ArgumentParser:
     i = actions.add_parser(
         "install", help="add stopserve's hook entries to a harness's settings (with a backup)"
     )
-    i.add_argument("harness", choices=HARNESSES)
+    i.add_argument("harness", choices=HARNESSES, help="the harness whose settings get the hooks")
     i.add_argument("--project", metavar="DIR", help="the project's settings file instead of the user's")
     _hook_options(i)
     i.add_argument("--max-blocks", type=_non_negative_int, help="passed to the hook")
     u = actions.add_parser("uninstall", help="remove stopserve's hook entries (only those)")
-    u.add_argument("harness", choices=HARNESSES)
+    u.add_argument("harness", choices=HARNESSES, help="the harness whose settings lose the hooks")
     u.add_argument("--project", metavar="DIR", help="the project's settings file instead of the user's")
     r = actions.add_parser("report", help="block rate, and how often blocked sessions failed (labels)")
     r.add_argument("--state-dir", metavar="DIR", help="the hook's state directory")
@@ -384,9 +430,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("label", help="give a session's outcome: post it to the service, record it locally")
-    p.add_argument("session_id", metavar="SESSION_ID")
+    p.add_argument(
+        "session_id",
+        metavar="SESSION_ID",
+        help="the session (in the decision log, and the transcript's name)",
+    )
     p.add_argument("--reward", type=float, required=True, help="the session's outcome in [0, 1]")
-    _hook_options(p)
+    _hook_options(p, mode=False)
     return parser
 
 

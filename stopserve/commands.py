@@ -24,10 +24,11 @@ _SHOW_SKIPS = 20
 def validate(args: argparse.Namespace) -> int:
     """List every problem in every file, then one summary line; exit 0 when all valid, else 1.
 
-    Problems go to stdout, one a line (``file:line: trace 'id': field: message``);
-    the summary is the last line.
+    Problems go to stdout, one a line (``file:line: trace 'id': field: message``), and
+    likely typos as ``warning:`` lines (an unknown field close to a known one: kept as an
+    extra field; ``--strict`` makes them problems); the summary is the last line.
     """
-    n_valid = n_invalid = n_unreadable = n_issues = 0
+    n_valid = n_invalid = n_unreadable = n_issues = n_warnings = 0
     shown = 0
     for path in args.files:
         records = progress(
@@ -38,6 +39,11 @@ def validate(args: argparse.Namespace) -> int:
         )
         try:
             for record in records:
+                n_warnings += len(record.warnings)
+                for warning in record.warnings:
+                    if shown < args.max_errors:
+                        print(f"warning: {warning}")
+                        shown += 1
                 if record.trace is not None:
                     n_valid += 1
                     continue
@@ -56,17 +62,19 @@ def validate(args: argparse.Namespace) -> int:
             if shown < args.max_errors:
                 print(exc)
                 shown += 1
-    if shown < n_issues:
-        print(f"... {n_issues - shown} more problems not shown (--max-errors {args.max_errors})")
+    if shown < n_issues + n_warnings:
+        what = "problems and warnings" if n_warnings else "problems"
+        print(f"... {n_issues + n_warnings - shown} more {what} not shown (--max-errors {args.max_errors})")
     files = len(args.files)
     total = n_valid + n_invalid
+    warned = f"; {n_warnings} warning(s): likely typos, kept (--strict refuses them)" if n_warnings else ""
     if n_invalid or n_unreadable:
         parts = [f"{n_invalid} of {total} traces invalid"]
         if n_unreadable:
             parts.append(f"{n_unreadable} unreadable input(s)")
-        print(f"invalid: {', '.join(parts)} ({n_issues} problems) in {files} file(s)")
+        print(f"invalid: {', '.join(parts)} ({n_issues} problems) in {files} file(s){warned}")
         return 1
-    print(f"valid: all {total} traces in {files} file(s)")
+    print(f"valid: all {total} traces in {files} file(s){warned}")
     return 0
 
 

@@ -153,7 +153,7 @@ class TraceSource:
 
     def __iter__(self) -> Iterator[Trace]:
         if self._paths is not None:
-            return iter(read_traces(self._paths))
+            return iter(read_traces(self._paths, errors="all"))  # every bad trace listed, as validate does
         return iter(self._traces or [])
 
     @property

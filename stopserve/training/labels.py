@@ -642,7 +642,7 @@ def load_decision_points(
 ) -> DecisionPoints:
     """:func:`build_decision_points` over trace files, streamed (one trace in memory at a time)."""
     return build_decision_points(
-        read_traces(paths),
+        read_traces(paths, errors="all"),  # every bad trace listed, as validate does
         cost_unit=cost_unit,
         labels_from_rewards=labels_from_rewards,
         group_by=group_by,

@@ -57,7 +57,7 @@ from stopserve.training.heuristics import replay as replay_mask
 from stopserve.training.labels import DecisionPoints, FloatArray
 from stopserve.training.replay import REPLAY_ENGINE, replay_rows
 
-__all__ = ["LAMBDA_SWEEP", "evaluate", "evaluate_command", "plot_pareto"]
+__all__ = ["LAMBDA_SWEEP", "evaluate", "evaluate_command", "pareto_figure", "plot_pareto"]
 
 #: Multiples of λ (or of the cost share) the learned policy is swept over for the Pareto chart.
 LAMBDA_SWEEP: Final[tuple[float, ...]] = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 10.0, 30.0)
@@ -369,6 +369,19 @@ def evaluate(
 
 def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
     """Draw success against mean cost: learned λ sweep, heuristic sweeps, behavior, oracle."""
+    fig = pareto_figure(report)
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise TrainingError(f"{path}: cannot write the chart: {exc.strerror or exc}") from exc
+    finally:
+        plt.close(fig)
+
+
+def pareto_figure(report: dict[str, Any]) -> Any:
+    """The chart of :func:`plot_pareto`, as a matplotlib figure."""
     from stopserve.extras import require
 
     require("plot", "matplotlib", what="--plot")
@@ -381,9 +394,9 @@ def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
     sweeps = report.get("sweeps", {})
     styles = {"learned": "o-", "turn_cap": "s--", "cost_cap": "^--", "reward_threshold": "v--"}
     for name, pts in sweeps.items():
-        if not pts:
-            continue
-        ordered = sorted(pts, key=lambda p: p["cost"])
+        ordered = sorted(pts or (), key=lambda p: p["cost"])
+        if len({(p["cost"], p["success"]) for p in ordered}) < 2:
+            continue  # a sweep that does not move (a policy that ignores its parameter) draws no line
         what = "cost-weight sweep" if name == "learned" else "parameter sweep"
         ax.plot(
             [p["cost"] for p in ordered],
@@ -398,12 +411,11 @@ def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
     for name, marker in (("behavior", "k*"), ("oracle", "r*")):
         p = report["policies"][name]
         ax.plot([p["cost"]], [p["success"]], marker, markersize=14, label=name)
-    unit = (
-        f"{report['cost_unit']}, per data set's mean"
-        if report.get("cost_normalised")
-        else report["cost_unit"]
-    )
-    ax.set_xlabel(f"mean cost ({unit})")
+    if report.get("cost_normalised"):
+        # costs are divided by each data set's mean behavior cost: the axis has no unit
+        ax.set_xlabel(f"mean cost, relative (1 = a data set's mean behavior cost in {report['cost_unit']})")
+    else:
+        ax.set_xlabel(f"mean cost ({report['cost_unit']})")
     ax.set_ylabel("success (mean q at stop)")
     weight = (
         f"cost share {report['cost_share']:g}"
@@ -414,12 +426,7 @@ def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise TrainingError(f"{path}: cannot write the chart: {exc.strerror or exc}") from exc
-    finally:
-        plt.close(fig)
+    return fig
 
 
 # --------------------------------------------------------------------------- CLI

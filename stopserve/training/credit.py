@@ -608,14 +608,9 @@ def _num(x: float | None) -> str:
 
 def plot_timeline(report: TraceCredit, path: str | Path) -> None:
     """A PNG: V(s_t) along the run, and each event's credit as a bar coloured by agent."""
-    from stopserve.extras import require
+    from stopserve.plotting import pyplot, save
 
-    require("plot", "matplotlib", what="--plot")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     agents = list(dict.fromkeys(e.agent for e in report.events))
     cmap = plt.get_cmap("tab10" if len(agents) <= 10 else "tab20")
     colour = {a: cmap(i % cmap.N) for i, a in enumerate(agents)}
@@ -645,12 +640,7 @@ def plot_timeline(report: TraceCredit, path: str | Path) -> None:
     handles = [Patch(color=colour[a]) for a in agents]
     ax_c.legend(handles, agents, loc="best", fontsize=8, ncol=2)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise TrainingError(f"{path}: cannot write: {exc.strerror or exc}") from exc
-    finally:
-        plt.close(fig)
+    save(fig, path)
 
 
 def credit_command(args: argparse.Namespace) -> int:

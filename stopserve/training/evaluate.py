@@ -369,28 +369,16 @@ def evaluate(
 
 def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
     """Draw success against mean cost: learned λ sweep, heuristic sweeps, behavior, oracle."""
-    fig = pareto_figure(report)
-    import matplotlib.pyplot as plt
+    from stopserve.plotting import save
 
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise TrainingError(f"{path}: cannot write the chart: {exc.strerror or exc}") from exc
-    finally:
-        plt.close(fig)
+    save(pareto_figure(report), path)
 
 
 def pareto_figure(report: dict[str, Any]) -> Any:
     """The chart of :func:`plot_pareto`, as a matplotlib figure."""
-    from stopserve.extras import require
+    from stopserve.plotting import pyplot
 
-    require("plot", "matplotlib", what="--plot")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = pyplot().subplots(figsize=(7, 5))
     sweeps = report.get("sweeps", {})
     styles = {"learned": "o-", "turn_cap": "s--", "cost_cap": "^--", "reward_threshold": "v--"}
     for name, pts in sweeps.items():

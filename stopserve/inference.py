@@ -33,13 +33,14 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -372,7 +373,7 @@ def _build_one(text: bytes, target: Path, writable: bool) -> tuple[ctypes.CDLL, 
         fd, part = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=where)
         os.close(fd)
         try:
-            with contextlib.redirect_stdout(said):
+            with contextlib.redirect_stdout(said), _native_stderr():
                 tl2cgen.export_lib(
                     model,
                     toolchain="gcc",
@@ -392,6 +393,47 @@ def _build_one(text: bytes, target: Path, writable: bool) -> tuple[ctypes.CDLL, 
         finally:
             Path(part).unlink(missing_ok=True)
     return _load(target), "written"
+
+
+#: what TL2cgen's own (older) Treelite says, from C++, about a model saved by the newer
+#: Python Treelite: the format reads fine and the probe rows check the result, so it is no news
+_VERSION_NOTE: Final = re.compile(
+    r"originated from a newer Treelite version|Currently running Treelite version|"
+    r"The model checkpoint was generated from Treelite version"
+)
+
+
+@contextlib.contextmanager
+def _native_stderr() -> Iterator[None]:
+    """Hold what native code writes to file descriptor 2 meanwhile; pass on all but the version note.
+
+    TL2cgen writes its notes from C++, past Python's ``sys.stderr``: without this, the first
+    ``stopserve serve`` printed the same three-line Treelite note once per booster.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable descriptor 2: nothing to hold
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode("utf-8", "replace")
+    kept = []
+    for line in text.splitlines(keepends=True):
+        if _VERSION_NOTE.search(line):
+            _log.debug("tl2cgen: %s", line.strip())
+        else:
+            kept.append(line)  # another thread's output, a compiler message: not ours to drop
+    if kept:
+        sys.stderr.write("".join(kept))
+        sys.stderr.flush()
 
 
 def _load(path: Path) -> ctypes.CDLL:

@@ -343,3 +343,34 @@ def test_no_private_api_of_a_dependency() -> None:
             if needle in text:
                 offenders.append(f"{path.relative_to(ROOT)}: {needle}")
     assert offenders == []
+
+
+# --------------------------------------------------------------------------- what a first serve prints
+
+
+@needs_compiler
+def test_the_first_serve_compiles_without_a_word_of_treelite(tmp_path: Path) -> None:
+    """A fresh cache: the shipped model is compiled at start-up; TL2cgen's C++ note about the
+    Treelite version (printed once per booster before) is not shown, and nothing is wrong."""
+    from servers import LiveServer
+
+    env = {"STOPSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    with LiveServer(log_dir=tmp_path / "logs", env=env) as srv:
+        import httpx
+
+        info = httpx.get(srv.url + "/v1/model", timeout=10).json()["manifest"]["inference"]
+        out = srv.read_output()
+    assert info["engine"] == "tl2cgen" and info["cache"] in ("written", "reused")  # built in this process
+    assert "Treelite" not in out and "WARNING" not in out, out
+
+
+def test_native_stderr_passes_on_what_is_not_the_version_note(capfd: pytest.CaptureFixture[str]) -> None:
+    from stopserve.inference import _native_stderr
+
+    with _native_stderr():
+        os.write(2, b"[10:44:54] serializer.cc:202: The model you are loading originated from a newer ")
+        os.write(2, b"Treelite version; some functionalities may be unavailable.\n")
+        os.write(2, b"Currently running Treelite version 4.1.2\n")
+        os.write(2, b"gcc: warning: something a user should see\n")
+    err = capfd.readouterr().err
+    assert err == "gcc: warning: something a user should see\n"

@@ -141,6 +141,36 @@ class _BodyLimit:
         await self.app(scope, limited, send)
 
 
+class _CountRejected:
+    """Count every response of status 400 or above in ``stopserve_rejected_requests``, by status.
+
+    The outermost layer: it also sees the 413s of :class:`_BodyLimit` and the errors
+    FastAPI answers itself (404, 405, 422), not only those the engine raises.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                engine = getattr(scope["app"].state, "engine", None)
+                if engine is not None:
+                    engine.metrics.count_rejected(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
 _M = TypeVar("_M", bound=BaseModel)
 
 
@@ -415,6 +445,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"]
         )
     app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(_CountRejected)  # added last: the outermost, it sees every answer
 
     # the decide routes (and outcome) read their bodies themselves (count limits while the body
     # streams in, validation from bytes): their request models are documented by reference

@@ -98,22 +98,36 @@ _ERRORS: Final = openapi_responses()
 _bearer = HTTPBearer(auto_error=False, description="STOPSERVE_ADMIN_TOKEN")
 
 
-class _BodyLimit:
-    """Refuse request bodies above ``max_bytes`` (declared or streamed) with a 413."""
+_Scope = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+
+class _HttpLayer:
+    """A pure ASGI middleware that acts on HTTP requests only (lifespan and the rest pass)."""
+
+    def __init__(self, app: Any) -> None:
         self.app = app
-        self.max_bytes = max_bytes
 
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-    ) -> None:
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        """Handle one HTTP request."""
+        raise NotImplementedError
+
+
+class _BodyLimit(_HttpLayer):
+    """Refuse request bodies above ``max_bytes`` (declared or streamed) with a 413."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        super().__init__(app)
+        self.max_bytes = max_bytes
+
+    async def http(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
         limit = self.max_bytes
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
@@ -141,26 +155,14 @@ class _BodyLimit:
         await self.app(scope, limited, send)
 
 
-class _CountRejected:
+class _CountRejected(_HttpLayer):
     """Count every response of status 400 or above in ``stopserve_rejected_requests``, by status.
 
     The outermost layer: it also sees the 413s of :class:`_BodyLimit` and the errors
     FastAPI answers itself (404, 405, 422), not only those the engine raises.
     """
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-    ) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
+    async def http(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
         async def counted(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start" and message["status"] >= 400:
                 engine = getattr(scope["app"].state, "engine", None)

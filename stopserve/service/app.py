@@ -713,7 +713,8 @@ def app_from_env() -> FastAPI:
 
 def _check_store(settings: Settings) -> None:
     """Reach the shared run store now: an unreachable one is a one-line error, not a worker traceback."""
-    from stopserve.service.store import StoreUnavailableError, open_store
+    from stopserve.service.store import StoreUnavailableError
+    from stopserve.service.stores import open_store
 
     store = open_store(settings, load_safety=dict)
     try:

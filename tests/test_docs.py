@@ -4,8 +4,8 @@ The line before each fenced block is a marker (an HTML comment, not shown on Git
 
 * ``<!-- doc: run -->``: the block runs as it stands. A file's ``run`` blocks run in order
   in one scratch folder (``examples/``, ``scripts/``, ``models/`` and ``../shared`` seen as
-  in a clone; ``examples/`` is a copy), as a user following the page would: bash with ``set
-  -euo pipefail``, python with the test's interpreter, json parsed. Ports 8000-9999 named in
+  in a clone; ``examples/`` is a copy), as a user following the page would: bash with
+  ``set -euo pipefail``, python with the test's interpreter, json parsed. Ports 8000-9999 named in
   a file are mapped to free loopback ports; a ``stopserve serve`` line starts the real
   server in the background and waits for ``/healthz``; every server started is stopped at
   the end. ``HOME`` is the scratch folder's own (``hook install`` writes nothing outside

@@ -78,3 +78,11 @@ def test_require_names_the_extra_and_the_module() -> None:
 def test_every_extra_is_in_pyproject() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert set(EXTRAS) == set(extras) - {"dev", "all", "bench"}
+
+
+def test_a_compiled_engine_asked_for_without_the_fast_extra_is_one_line(tmp_path: Path) -> None:
+    env = {"STOPSERVE_INFERENCE": "tl2cgen", "STOPSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    rc, out = run_without("tl2cgen,treelite", "serve", "--port", "9", env=env, cwd=tmp_path)
+    assert rc == 2 and len(out.strip().splitlines()) == 1 and "Traceback" not in out, out
+    assert "tl2cgen is not installed" in out and "pip install -e '.[fast]'" in out
+    # without asking for it, the service serves with LightGBM's predict and says why (tests/test_inference.py)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, NoReturn
+from typing import Any, Final, NoReturn
 
 from stopserve import __version__
 from stopserve.errors import StopServeError
@@ -58,6 +57,16 @@ IMPORT_FORMATS: Final = (
 )
 #: ``stopserve.training.labels.GROUP_BY`` (not imported: the CLI stays light; a test keeps them equal)
 GROUP_BY: Final = ("task", "repo", "system", "dataset")
+#: ``stopserve.training.simulate.topology.SIM_TOPOLOGIES`` (the same; a test keeps them equal)
+SIM_TOPOLOGIES: Final = (
+    "centralized",
+    "planner_executor_critic",
+    "debate",
+    "swarm",
+    "hierarchical",
+    "harness",
+)
+_TRACES_HELP: Final = "format-v1 trace files (.json, .jsonl, .jsonl.gz)"
 
 
 def _int_at_least(low: int) -> Callable[[str], int]:
@@ -121,7 +130,34 @@ def _json_object(text: str) -> dict[str, object]:
     return data
 
 
-def _hook_options(p: argparse.ArgumentParser) -> None:
+class _HelpFormatter(argparse.HelpFormatter):
+    """Says each option's default after its help, unless the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        unsaid = "default" not in text.lower()
+        default = action.default
+        if default is None or default is False or default is argparse.SUPPRESS or action.required:
+            return text
+        return f"{text} (default: %(default)s)" if unsaid and action.option_strings else text
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help says every default (its sub-parsers are ``_Parser`` too), and
+    that remembers the last usage error (the hook fails open on one: :func:`main`)."""
+
+    last_error: str | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        _Parser.last_error = message
+        super().error(message)
+
+
+def _hook_options(p: argparse.ArgumentParser, *, mode: bool = True) -> None:
     import os
 
     from stopserve.hooks import DEFAULT_URL
@@ -129,12 +165,14 @@ def _hook_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url", default=os.environ.get("STOPSERVE_URL", DEFAULT_URL), help="the service (STOPSERVE_URL)"
     )
-    p.add_argument(
-        "--mode",
-        choices=("enforce", "shadow"),
-        default=os.environ.get("STOPSERVE_HOOK_MODE", "enforce"),
-        help="shadow: decide and log, never block or end (STOPSERVE_HOOK_MODE)",
-    )
+    if mode:
+        p.add_argument(
+            "--mode",
+            choices=("enforce", "shadow"),
+            default=os.environ.get("STOPSERVE_HOOK_MODE", "enforce"),
+            help="enforce: block premature stops, end loops; shadow: decide and log, never block or end "
+            "(STOPSERVE_HOOK_MODE)",
+        )
     p.add_argument(
         "--state-dir",
         metavar="DIR",
@@ -153,11 +191,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("validate", help="check trace files against format v1; list every error")
-    p.add_argument("files", nargs="+", metavar="FILE", help=".json, .jsonl or .jsonl.gz trace files")
+    p.add_argument("files", nargs="+", metavar="FILE", help=_TRACES_HELP)
     p.add_argument("--strict", action="store_true", help="reject unknown top-level fields")
-    p.add_argument("--max-errors", type=_positive_int, default=1000, help="stop listing after this many")
+    p.add_argument(
+        "--max-errors", type=_positive_int, default=1000, help="stop listing problems after this many"
+    )
+    _no_progress(p)
 
-    p = sub.add_parser("import", help="convert a foreign trace format to format v1 JSON Lines")
+    p = sub.add_parser(
+        "import",
+        help="convert a foreign trace format to format v1 JSON Lines",
+        description="Convert a foreign trace format to format v1 JSON Lines (docs/trace-format.md). "
+        "A run that cannot be converted is skipped and listed on stderr with its file and field; "
+        "the summary line counts the skips by reason.",
+        epilog="Exit status: 0 when traces were written, skips or not; 1 with --strict when any run "
+        "was skipped (the others are still written); 2 when nothing could be imported.",
+    )
     p.add_argument("format", choices=IMPORT_FORMATS, help="the source format")
     p.add_argument("sources", nargs="+", metavar="SRC", help="files or folders to read")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="output .jsonl or .jsonl.gz")
@@ -167,12 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--labels", metavar="FILE", help="claude-code, codex: session rewards (the hook's labels.jsonl)"
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--strict", action="store_true", help="exit 1 when any run was skipped (the rest is still written)"
+    )
+    _no_progress(p)
 
     p = sub.add_parser(
         "features", help="write the features and labels of every decision point as CSV or Parquet"
     )
-    p.add_argument("traces", nargs="+", metavar="TRACES")
+    p.add_argument("traces", nargs="+", metavar="TRACES", help=_TRACES_HELP)
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("-o", "--output", metavar="CSV", help="one CSV file")
     out.add_argument(
@@ -183,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _dask_options(p, "featurize on a Dask cluster, one task per input file")
     _label_options(p)
+    _no_progress(p)
 
     p = sub.add_parser(
         "train",
@@ -190,8 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Learn a stop policy; it ships only when it beats the best tuned heuristic with "
         "error bars (docs/training.md). Every default is shown below.",
     )
-    p.add_argument("traces", nargs="+", metavar="TRACES")
-    p.add_argument("-o", "--output", required=True, metavar="MODEL_DIR")
+    p.add_argument("traces", nargs="+", metavar="TRACES", help=_TRACES_HELP + " to learn from")
+    p.add_argument("-o", "--output", required=True, metavar="MODEL_DIR", help="the model directory to write")
     _cost_options(p)
     p.add_argument(
         "--cost-scale",
@@ -257,33 +310,39 @@ def build_parser() -> argparse.ArgumentParser:
         "unknown with --cost-scale per-run, else horizon. Default: auto",
     )
     p.add_argument("--seed", type=int, default=0, help="Default: 0")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _no_progress(p)
     _dask_options(
         p, "featurize (one task per input file), fit the boosters and replay the policies on a Dask cluster"
     )
     _label_options(p)
 
     p = sub.add_parser("evaluate", help="replay policies on held-out traces and compare them")
-    p.add_argument("traces", nargs="+", metavar="TRACES")
-    p.add_argument("--model", required=True, metavar="DIR")
+    p.add_argument("traces", nargs="+", metavar="TRACES", help=_TRACES_HELP + " to judge on")
+    p.add_argument("--model", required=True, metavar="DIR", help="the model directory (stopserve train -o)")
     p.add_argument("--tune-on", nargs="+", metavar="TRACES", help="traces to tune the heuristics on")
     _cost_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw the success/cost Pareto chart")
     _group_option(p, "bootstrap resampling unit and cross-fitting groups")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the cross-fitting folds")
     _dask_options(p, "featurize and replay on a Dask cluster, one task per input file")
     _label_options(p)
+    _no_progress(p)
 
     p = sub.add_parser("simulate", help="generate orchestration traces with a known optimal stop rule")
     p.add_argument("--n", type=_positive_int, default=1000, help="number of traces")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--topology", default="all", help="one topology or 'all'")
+    p.add_argument("--seed", type=int, default=0, help="same seed and options, byte-identical output")
+    p.add_argument(
+        "--topology", choices=(*SIM_TOPOLOGIES, "all"), default="all", help="one topology, or all six in turn"
+    )
     p.add_argument("--lambda", dest="lam", type=_non_negative_float, help="cost weight for --optimal")
     p.add_argument("--optimal", action="store_true", help="attach each trace's optimal value")
     p.add_argument("--run-to-cap", action="store_true", help="run every trace to the cap, grade every prefix")
-    p.add_argument("--noise", type=_non_negative_float, help="verifier noise (standard deviation)")
-    p.add_argument("-o", "--output", required=True, metavar="OUT.jsonl")
+    p.add_argument(
+        "--noise", type=_non_negative_float, help="verifier noise (standard deviation; default 0.05)"
+    )
+    p.add_argument("-o", "--output", required=True, metavar="OUT.jsonl", help="the trace file to write")
+    _no_progress(p)
 
     p = sub.add_parser(
         "credit",
@@ -292,9 +351,14 @@ def build_parser() -> argparse.ArgumentParser:
         "TD (the change of V between decision points, net of cost, split over the events between "
         "them) or ablation (the change of V when one event is removed and the run refolded).",
     )
-    p.add_argument("traces", nargs="+", metavar="TRACES")
+    p.add_argument("traces", nargs="+", metavar="TRACES", help=_TRACES_HELP)
     p.add_argument("--model", metavar="DIR", help="model directory (default: the shipped models/default)")
-    p.add_argument("--method", choices=("td", "ablation"), default="td", help="Default: td")
+    p.add_argument(
+        "--method",
+        choices=("td", "ablation"),
+        default="td",
+        help="td: the change of V between decision points; ablation: V without each event. Default: td",
+    )
     p.add_argument(
         "--split",
         choices=("tokens", "equal"),
@@ -336,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="timeline of V and per-event credit (first trace)")
     p.add_argument("--limit", type=_positive_int, default=30, help="rows per table (default 30)")
     p.add_argument("--limit-traces", type=_positive_int, default=3, help="event tables shown (default 3)")
+    _no_progress(p)
 
     p = sub.add_parser("serve", help="serve continue-or-stop decisions over HTTP")
     p.add_argument("--model", metavar="DIR", help="model directory (default: the shipped models/default)")
@@ -343,7 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default 8080; STOPSERVE_PORT)")
     p.add_argument("--log-dir", metavar="DIR", help="decision and trace log folder (STOPSERVE_LOG_DIR)")
     p.add_argument(
-        "--workers", type=_positive_int, help="worker processes: only 1 for now (STOPSERVE_WORKERS)"
+        "--workers",
+        type=_positive_int,
+        help="worker processes (default 1; STOPSERVE_WORKERS); more than 1 needs the shared run store "
+        "STOPSERVE_STORE=redis://... (docs/service.md)",
     )
     p.add_argument("--no-model", action="store_true", help="run on safety nets alone")
 
@@ -358,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = actions.add_parser(
         "install", help="add stopserve's hook entries to a harness's settings (with a backup)"
     )
-    i.add_argument("harness", choices=HARNESSES)
+    i.add_argument("harness", choices=HARNESSES, help="the harness whose settings get the hooks")
     i.add_argument("--project", metavar="DIR", help="the project's settings file instead of the user's")
     _hook_options(i)
     _hook_decision_options(i, install=True)
@@ -373,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="codex: trust the installed hooks in $CODEX_HOME/config.toml (else Codex skips them)",
     )
     u = actions.add_parser("uninstall", help="remove stopserve's hook entries (only those)")
-    u.add_argument("harness", choices=HARNESSES)
+    u.add_argument("harness", choices=HARNESSES, help="the harness whose settings lose the hooks")
     u.add_argument("--project", metavar="DIR", help="the project's settings file instead of the user's")
     r = actions.add_parser("report", help="block rate, and how often blocked sessions failed (labels)")
     r.add_argument("--state-dir", metavar="DIR", help="the hook's state directory")
@@ -387,9 +455,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--state-dir", metavar="DIR", help="the hook's state directory")
 
     p = sub.add_parser("label", help="give a session's outcome: post it to the service, record it locally")
-    p.add_argument("session_id", metavar="SESSION_ID")
+    p.add_argument(
+        "session_id",
+        metavar="SESSION_ID",
+        help="the session (in the decision log, and the transcript's name)",
+    )
     p.add_argument("--reward", type=float, required=True, help="the session's outcome in [0, 1]")
-    _hook_options(p)
+    _hook_options(p, mode=False)
     return parser
 
 
@@ -427,6 +499,12 @@ def _hook_decision_options(p: argparse.ArgumentParser, *, install: bool) -> None
         "--end-on-model-stop",
         action="store_true",
         help="tool hooks also end the run on a model stop (default: safety nets only)",
+    )
+
+
+def _no_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (shown on stderr, on a terminal only)"
     )
 
 
@@ -512,26 +590,15 @@ def _key(args: argparse.Namespace) -> str:
 
 
 def _runner(command: str) -> Callable[[argparse.Namespace], int]:
-    extra, needs = _EXTRAS.get(command, ("", ()))
-    missing = [name for name in needs if importlib.util.find_spec(name) is None]
-    if missing:
-        what = ", ".join(missing)
-        hint = f"pip install 'stopserve[{extra}]'"
-        raise StopServeError(f"needs the [{extra}] extra ({what} not installed): {hint}")
+    if command in _EXTRAS:
+        from stopserve.extras import require
+
+        extra, needs = _EXTRAS[command]
+        require(extra, *needs, what="this command")
     module_name, func = _RUNNERS[command].split(":")
     module = importlib.import_module(module_name)
     run: Callable[[argparse.Namespace], int] = getattr(module, func)
     return run
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, remembering the last usage error (the hook fails open on one: :func:`main`)."""
-
-    last_error: str | None = None
-
-    def error(self, message: str) -> NoReturn:
-        _Parser.last_error = message
-        super().error(message)
 
 
 def _hook_call(argv: Sequence[str]) -> str | None:

@@ -38,6 +38,7 @@ events (ids, clock, tokens, content hashes)::
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import threading
@@ -279,7 +280,8 @@ class _LocalRun:
     journal: list[dict[str, Any]] = field(default_factory=list)  # every event, to resend or spool
     journal_full: bool = False  # more events than max_journal: the journal cannot be resent
     delivered: int = 0  # events the service took (what prior_events says)
-    local_only: bool = False  # the service dropped the run and it could not be resent
+    local_only: bool = False  # the service's copy of the run is incomplete: decided locally
+    why_local: str = ""
     task_id: str | None = None
     system: str | None = None
 
@@ -311,11 +313,14 @@ class _Core:
         headers: Mapping[str, str] | None,
         spool: str | os.PathLike[str] | None = None,
         max_journal: int = 10_000,
+        max_batch: int = 2_000,
     ) -> None:
         if timeout <= 0:
             raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
         if retries < 0:
             raise ConfigError(f"retries must be >= 0, got {retries}")
+        if max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.outcome_timeout = outcome_timeout
@@ -333,6 +338,7 @@ class _Core:
         if self.spool is not None and not self.spool.name.endswith((".jsonl", ".jsonl.gz")):
             raise ConfigError(f"spool must be a .jsonl file, got {str(spool)!r}")
         self.max_journal = max_journal
+        self.max_batch = max_batch
         self._spool_lock = threading.Lock()
         self.headers = dict(headers or {})
         self._runs: OrderedDict[str, _LocalRun] = OrderedDict()
@@ -386,14 +392,31 @@ class _Core:
                     run.journal.append(dict(data))
                 else:
                     run.journal_full = True
-            if len(run.pending) > self.max_pending:
-                # the service has been away a long time: keep the newest events, bounded memory
-                cut = len(run.pending) - self.max_pending
-                for gone in list(run.pending)[:cut]:
-                    del run.pending[gone]
-                run.dropped += cut
-                log.warning("stopserve: run %s: dropped %d unsent events (service away)", run_id, cut)
         return run
+
+    def trim(self, run_id: str, run: _LocalRun) -> None:
+        """Bound the unsent events of a run the service cannot take now (memory while it is away).
+
+        Only called when the service did not answer: events are never dropped while it does.
+        A run that lost events would be decided by the service on a state with a hole in it,
+        so it is decided locally from then on (``degraded=True``), and the warning says so.
+        """
+        with self._lock:
+            cut = len(run.pending) - self.max_pending
+            if cut <= 0:
+                return
+            for gone in list(run.pending)[:cut]:
+                del run.pending[gone]
+            run.dropped += cut
+            run.local_only = True
+            run.why_local = f"{run.dropped} of its events were dropped while the service was away"
+        log.warning(
+            "stopserve: run %s: dropped %d unsent events (service away, more than max_pending=%d "
+            "waiting); the run is decided locally from now on",
+            run_id,
+            cut,
+            self.max_pending,
+        )
 
     def sent(self, run: _LocalRun, ids: Iterable[str], *, delivered: bool = True) -> None:
         """The service took these events (or refused them for good): stop resending them."""
@@ -402,16 +425,28 @@ class _Core:
                 if run.pending.pop(gone, None) is not None and delivered:
                     run.delivered += 1
 
-    def resend_body(self, run: _LocalRun, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The decide body that resends the whole run (after 409 run_evicted), or None if it cannot."""
+    def resend_bodies(self, run: _LocalRun, body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """The decide bodies that resend the whole run (after 409 run_evicted), or None if it cannot.
+
+        One body per ``max_batch`` events; the first says ``prior_events: 0`` (a new run).
+        """
         if run.journal_full or not run.journal:
             return None
         events = [{k: v for k, v in e.items() if k != "decision"} for e in run.journal]
-        out = {**body, "events": events, "prior_events": 0}
+        base = dict(body)
         for key, value in (("task_id", run.task_id), ("system", run.system)):
             if value is not None:
-                out[key] = value
-        return out
+                base[key] = value
+        starts = range(0, len(events), self.max_batch)
+        return [
+            {
+                **base,
+                "events": events[i : i + self.max_batch],
+                "prior_events": i,
+                "proposed_stop": base.get("proposed_stop", False) and i == starts[-1],
+            }
+            for i in starts
+        ]
 
     def resent(self, run: _LocalRun) -> None:
         """The service took the whole journal again."""
@@ -421,6 +456,7 @@ class _Core:
 
     def give_up(self, run_id: str, run: _LocalRun, why: StopServeError) -> None:
         run.local_only = True
+        run.why_local = "the service dropped the run"
         log.warning("stopserve: %s; run %s is decided locally from now on", why, run_id)
 
     def note(self, run: _LocalRun, decision: DecideResponse) -> DecideResponse:
@@ -501,7 +537,7 @@ class _Core:
         extra: Mapping[str, Any],
     ) -> dict[str, Any]:
         with self._lock:
-            events = list(run.pending.values())
+            events = list(itertools.islice(run.pending.values(), self.max_batch))
             delivered = run.delivered
         body: dict[str, Any] = {"events": events, "proposed_stop": proposed_stop, "prior_events": delivered}
         b = _as_budget(budget) or self.budget
@@ -587,7 +623,11 @@ class _Core:
     def decide(
         self, run_id: str, events: Iterable[EventLike], options: DecideOptions
     ) -> Flow[DecideResponse]:
-        """Fold the events locally, ask the service; decide locally when it cannot answer."""
+        """Fold the events locally, ask the service; decide locally when it cannot answer.
+
+        More unsent events than the service takes in one request (``max_batch``) go in
+        several calls, oldest first; the answer to the last one is the decision.
+        """
         path = _run_path(run_id) + "/decide"
         budget, lam = options.get("budget"), options.get("lam")
         proposed_stop = options.get("proposed_stop", False)
@@ -595,47 +635,74 @@ class _Core:
         cfg = _as_safety(options.get("safety"))
         run = self.fold(run_id, events, budget, task_id, system)
         if self.is_down() or run.local_only:
-            return self.note(run, self.local_decision(run_id, run, cfg, proposed_stop))
-        body = self.decide_body(
-            run,
-            budget=budget,
-            lam=lam,
-            safety=cfg,
-            proposed_stop=proposed_stop,
-            extra={"task_id": task_id, "system": system},
-        )
-        sent = [e["id"] for e in body["events"]]
-        try:
+            return self.away(run_id, run, cfg, proposed_stop)
+        decision: DecideResponse | None = None
+        while decision is None or run.pending:
+            body = self.decide_body(
+                run,
+                budget=budget,
+                lam=lam,
+                safety=cfg,
+                proposed_stop=proposed_stop and len(run.pending) <= self.max_batch,
+                extra={"task_id": task_id, "system": system},
+            )
+            sent = [e["id"] for e in body["events"]]
             try:
-                data = yield from self.request("POST", path, body, f"decide {run_id!r}")
-            except RunEvictedError as exc:
-                # the service dropped the run: resend all of it once, or decide it locally from now on
-                whole = self.resend_body(run, body)
-                if whole is None:
-                    self.give_up(run_id, run, exc)
-                    return self.note(run, self.local_decision(run_id, run, cfg, proposed_stop))
+                data = yield from self.post_decide(run_id, run, path, body)
+                if data is None:  # the run could not be resent: decided locally from now on
+                    return self.away(run_id, run, cfg, proposed_stop)
+                decision = DecideResponse.model_validate(data)
+            except _UnavailableError:
+                return self.away(run_id, run, cfg, proposed_stop)
+            except ValidationError:
+                self.mark_down("unexpected response")
+                return self.away(run_id, run, cfg, proposed_stop)
+            except StopServeError as exc:
+                if isinstance(exc, RunClosedError | RunLimitError):
+                    # the service will never take them: do not resend forever
+                    self.sent(run, sent, delivered=False)
+                if self.raise_on_client_error:
+                    raise
+                log.warning("stopserve: %s; deciding locally", exc)
+                return self.away(run_id, run, cfg, proposed_stop)
+            self.sent(run, sent)
+        return self.note(run, decision)
+
+    def post_decide(self, run_id: str, run: _LocalRun, path: str, body: dict[str, Any]) -> Flow[Any]:
+        """One decide request; after 409 run_evicted the whole run is resent once.
+
+        Returns the answer's JSON, or None when the run cannot be resent (it is then
+        decided locally from now on).
+        """
+        try:
+            return (yield from self.request("POST", path, body, f"decide {run_id!r}"))
+        except RunEvictedError as exc:
+            bodies = self.resend_bodies(run, body)
+            if bodies is None:
+                self.give_up(run_id, run, exc)
+                return None
+            data: Any = None
+            for i, whole in enumerate(bodies):
                 try:
                     data = yield from self.request("POST", path, whole, f"decide {run_id!r} (resent)")
                 except StopServeError as again:
                     self.give_up(run_id, run, again)
-                    return self.note(run, self.local_decision(run_id, run, cfg, proposed_stop))
-                self.resent(run)
-            decision = DecideResponse.model_validate(data)
-        except _UnavailableError:
-            return self.note(run, self.local_decision(run_id, run, cfg, proposed_stop))
-        except ValidationError:
-            self.mark_down("unexpected response")
-            return self.note(run, self.local_decision(run_id, run, cfg, proposed_stop))
-        except StopServeError as exc:
-            if isinstance(exc, RunClosedError | RunLimitError):
-                # the service will never take them: do not resend forever
-                self.sent(run, sent, delivered=False)
-            if self.raise_on_client_error:
-                raise
-            log.warning("stopserve: %s; deciding locally", exc)
-            return self.note(run, self.local_decision(run_id, run, cfg, proposed_stop))
-        self.sent(run, sent)
-        return self.note(run, decision)
+                    return None
+                except _UnavailableError as again:
+                    if i == 0:
+                        raise  # nothing of the resend arrived: the next call tries again
+                    # the service holds part of the run: a later call would leave a hole in it
+                    self.give_up(run_id, run, StopServeError(f"resend cut short: {again}"))
+                    return None
+            self.resent(run)
+            return data
+
+    def away(
+        self, run_id: str, run: _LocalRun, safety: SafetyConfig | None, proposed_stop: bool
+    ) -> DecideResponse:
+        """The service did not answer: bound what waits for it, decide locally."""
+        self.trim(run_id, run)
+        return self.note(run, self.local_decision(run_id, run, safety, proposed_stop))
 
     def outcome(
         self, run_id: str, rewards: Mapping[str, float], options: OutcomeOptions
@@ -643,8 +710,17 @@ class _Core:
         """Post the outcome with the unsent events; spool the trace when it cannot be delivered."""
         run = self._runs.get(run_id)
         body = _outcome_body(run, rewards, options)
+        if (run is None or not run.local_only) and len(body["events"]) > self.max_batch:
+            # an outcome carries at most max_batch events: the others go first, as decide calls
+            yield from self.decide(run_id, options.get("events", ()), {})
+            run = self._runs.get(run_id)
+            body = _outcome_body(run, rewards, options)
         if run is not None and run.local_only:
-            self.undelivered(run_id, run, body, "the service dropped the run")
+            self.undelivered(run_id, run, body, run.why_local)
+            return None
+        if self.is_down():
+            # the breaker is open: as decide, do not wait on a service that just failed
+            self.undelivered(run_id, run, body, "the service failed just now (circuit breaker open)")
             return None
         try:
             data = yield from self.request(
@@ -719,7 +795,8 @@ class _ClientBase(Generic[_TransportT]):
         topology: Topology | None = None,
         raise_on_client_error: bool = True,
         max_runs: int = 10_000,
-        max_pending: int = 1_000,
+        max_pending: int = 10_000,
+        max_batch: int = 2_000,
         headers: Mapping[str, str] | None = None,
         spool: str | os.PathLike[str] | None = None,
         transport: _TransportT | None = None,
@@ -739,6 +816,7 @@ class _ClientBase(Generic[_TransportT]):
             max_pending=max_pending,
             headers=headers,
             spool=spool,
+            max_batch=max_batch,
         )
         self._transport: _TransportT | None = transport
         self._open()
@@ -770,6 +848,11 @@ class StopClient(_ClientBase[httpx.BaseTransport]):
     With ``spool`` (a ``.jsonl`` path) the client also keeps each run's events and
     decisions, and appends the run's format-v1 trace there when its outcome cannot be
     delivered, so the retraining log loses nothing while the sidecar is down.
+    A call sends at most ``max_batch`` events per request (the service's
+    ``STOPSERVE_MAX_EVENTS_PER_REQUEST``, 2,000 by default); more go in several requests.
+    While the service is away, at most ``max_pending`` unsent events wait per run; past that
+    the oldest are dropped with a warning naming the count, and the run is decided locally
+    (``degraded=True``) from then on. Nothing is dropped while the service answers.
     A 4xx answer (the caller's mistake) raises a :class:`~stopserve.errors.StopServeError`
     (the class the service raised: :mod:`stopserve.error_table`), unless
     ``raise_on_client_error=False``: then it is logged and decided locally.

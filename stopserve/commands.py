@@ -6,11 +6,11 @@ import argparse
 import collections
 import os
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from stopserve.errors import ImporterError, TraceFormatError
+from stopserve.progress import progress
 from stopserve.trace import TraceWriter, scan
 
 __all__ = ["import_traces", "validate"]
@@ -24,14 +24,26 @@ _SHOW_SKIPS = 20
 def validate(args: argparse.Namespace) -> int:
     """List every problem in every file, then one summary line; exit 0 when all valid, else 1.
 
-    Problems go to stdout, one a line (``file:line: trace 'id': field: message``);
-    the summary is the last line.
+    Problems go to stdout, one a line (``file:line: trace 'id': field: message``), and
+    likely typos as ``warning:`` lines (an unknown field close to a known one: kept as an
+    extra field; ``--strict`` makes them problems); the summary is the last line.
     """
-    n_valid = n_invalid = n_unreadable = n_issues = 0
+    n_valid = n_invalid = n_unreadable = n_issues = n_warnings = 0
     shown = 0
     for path in args.files:
+        records = progress(
+            scan(path, strict=args.strict),
+            desc=f"validate {path}",
+            unit=" traces",
+            enabled=not args.no_progress,
+        )
         try:
-            for record in scan(path, strict=args.strict):
+            for record in records:
+                n_warnings += len(record.warnings)
+                for warning in record.warnings:
+                    if shown < args.max_errors:
+                        print(f"warning: {warning}")
+                        shown += 1
                 if record.trace is not None:
                     n_valid += 1
                     continue
@@ -50,25 +62,28 @@ def validate(args: argparse.Namespace) -> int:
             if shown < args.max_errors:
                 print(exc)
                 shown += 1
-    if shown < n_issues:
-        print(f"... {n_issues - shown} more problems not shown (--max-errors {args.max_errors})")
+    if shown < n_issues + n_warnings:
+        what = "problems and warnings" if n_warnings else "problems"
+        print(f"... {n_issues + n_warnings - shown} more {what} not shown (--max-errors {args.max_errors})")
     files = len(args.files)
     total = n_valid + n_invalid
+    warned = f"; {n_warnings} warning(s): likely typos, kept (--strict refuses them)" if n_warnings else ""
     if n_invalid or n_unreadable:
         parts = [f"{n_invalid} of {total} traces invalid"]
         if n_unreadable:
             parts.append(f"{n_unreadable} unreadable input(s)")
-        print(f"invalid: {', '.join(parts)} ({n_issues} problems) in {files} file(s)")
+        print(f"invalid: {', '.join(parts)} ({n_issues} problems) in {files} file(s){warned}")
         return 1
-    print(f"valid: all {total} traces in {files} file(s)")
+    print(f"valid: all {total} traces in {files} file(s){warned}")
     return 0
 
 
 def import_traces(args: argparse.Namespace) -> int:
     """Convert foreign traces to format v1 JSON Lines; say how many were written and skipped.
 
-    Exit 0 when everything converted, 1 when some sources were skipped (the rest is
-    written), 2 when nothing could be read.
+    Exit 0 when traces were written, whether or not some runs were skipped (each skip is
+    listed on stderr and counted in the summary); with ``--strict`` 1 when any was skipped
+    (the rest is still written); 2 when nothing could be imported.
     """
     from stopserve.importers import IMPORTERS
 
@@ -96,7 +111,8 @@ def import_traces(args: argparse.Namespace) -> int:
     reader = IMPORTERS[args.format](args.sources, on_error=skipped.append, **options)
     try:
         with TraceWriter(tmp) as writer:
-            for trace in _progress(reader, f"import {args.format}", off=args.no_progress):
+            bar = progress(reader, desc=f"import {args.format}", unit=" traces", enabled=not args.no_progress)
+            for trace in bar:
                 writer.write(trace)
             count = writer.count
         if count == 0:
@@ -126,17 +142,7 @@ def import_traces(args: argparse.Namespace) -> int:
     if count == 0:
         print(f"stopserve import: error: nothing imported; {out} not written", file=sys.stderr)
         return 2
-    return 1 if skipped else 0
-
-
-def _progress(items: Iterable[_T], desc: str, *, off: bool) -> Iterable[_T]:
-    """``items`` with a progress bar on a terminal, when tqdm (the [train] extra) is installed."""
-    try:
-        from tqdm import tqdm
-    except ImportError:  # a service install: converting needs no bar
-        return items
-    # disable None: only on a terminal; delay: small inputs finish before a bar appears
-    return tqdm(items, desc=desc, unit=" traces", file=sys.stderr, disable=True if off else None, delay=1.0)
+    return 1 if skipped and args.strict else 0
 
 
 def _reason(err: ImporterError) -> str:

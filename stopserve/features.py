@@ -1065,9 +1065,7 @@ def _msgpack() -> Any:
     try:
         import msgpack
     except ImportError:  # pragma: no cover - the [redis] extra brings it
-        raise ImportError(
-            "RunState.to_bytes/from_bytes need msgpack: pip install 'stopserve[redis]'"
-        ) from None
+        raise ImportError("RunState.to_bytes/from_bytes need msgpack: the [redis] extra") from None
     return msgpack
 
 

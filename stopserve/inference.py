@@ -33,13 +33,14 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -49,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stopserve.errors import ConfigError, Issue, ModelError
+from stopserve.extras import install_hint
 
 __all__ = ["ENGINES", "Forest", "InferenceInfo", "clear_compiled", "default_cache_dir", "resolve_engine"]
 
@@ -67,7 +69,7 @@ ZERO_THRESHOLD: Final = float(np.float32(1e-35))
 _MEMO_SIZE: Final = 32
 #: A compiled booster must match LightGBM within this (relative) on every probe row.
 _PROBE_RTOL: Final = 1e-9
-_FAST_EXTRA: Final = "pip install 'stopserve[fast]'"
+_FAST_EXTRA: Final = install_hint("fast")
 #: gcc's -O1: half the build time of TL2cgen's -O3, and no slower per call (bench/NOTES.md).
 _BUILD_OPTIONS: Final = ("-O1",)
 #: Cache files are readable by all (mkstemp makes them private): a cache built at image build
@@ -371,7 +373,7 @@ def _build_one(text: bytes, target: Path, writable: bool) -> tuple[ctypes.CDLL, 
         fd, part = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=where)
         os.close(fd)
         try:
-            with contextlib.redirect_stdout(said):
+            with contextlib.redirect_stdout(said), _native_stderr():
                 tl2cgen.export_lib(
                     model,
                     toolchain="gcc",
@@ -391,6 +393,47 @@ def _build_one(text: bytes, target: Path, writable: bool) -> tuple[ctypes.CDLL, 
         finally:
             Path(part).unlink(missing_ok=True)
     return _load(target), "written"
+
+
+#: what TL2cgen's own (older) Treelite says, from C++, about a model saved by the newer
+#: Python Treelite: the format reads fine and the probe rows check the result, so it is no news
+_VERSION_NOTE: Final = re.compile(
+    r"originated from a newer Treelite version|Currently running Treelite version|"
+    r"The model checkpoint was generated from Treelite version"
+)
+
+
+@contextlib.contextmanager
+def _native_stderr() -> Iterator[None]:
+    """Hold what native code writes to file descriptor 2 meanwhile; pass on all but the version note.
+
+    TL2cgen writes its notes from C++, past Python's ``sys.stderr``: without this, the first
+    ``stopserve serve`` printed the same three-line Treelite note once per booster.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable descriptor 2: nothing to hold
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode("utf-8", "replace")
+    kept = []
+    for line in text.splitlines(keepends=True):
+        if _VERSION_NOTE.search(line):
+            _log.debug("tl2cgen: %s", line.strip())
+        else:
+            kept.append(line)  # another thread's output, a compiler message: not ours to drop
+    if kept:
+        sys.stderr.write("".join(kept))
+        sys.stderr.flush()
 
 
 def _load(path: Path) -> ctypes.CDLL:

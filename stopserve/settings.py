@@ -14,9 +14,11 @@ except :class:`Settings` itself when constructed.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
+import orjson
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
@@ -131,6 +133,17 @@ class Settings(BaseSettings):
         """Live runs are kept outside this process (several replicas or workers may serve them)."""
         return self.store is not None
 
+    @field_validator("safety", mode="before")
+    @classmethod
+    def _safety_is_json(cls, value: Any) -> Any:
+        # pydantic-settings hands over a variable that is not JSON as the raw text
+        if not isinstance(value, str | bytes):
+            return value
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON: {exc}") from None
+
     @field_validator("safety")
     @classmethod
     def _safety_is_valid(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -185,8 +198,11 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**given)
     except SettingsError as exc:  # a variable that is not valid JSON for a structured setting
+        named = re.search(r'field "(\w+)"', str(exc))
+        where = f"STOPSERVE_{named[1].upper()}" if named else "settings"
         raise ConfigError(
-            f"invalid settings: {exc}", [Issue(str(exc.__cause__ or exc), path="settings")]
+            f"invalid settings: {where} is not valid JSON",
+            [Issue(f"not valid JSON: {exc.__cause__ or exc}", path=where)],
         ) from None
     except ValidationError as exc:
         # each issue names the variable to fix (STOPSERVE_MAX_RUNS), or "settings" for a cross-field rule

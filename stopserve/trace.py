@@ -1,6 +1,6 @@
 """Trace format v1: models, validation, and streaming read/write.
 
-The contract is ``shared/spec/trace-format.md``; this module is its code. A trace
+The contract is ``docs/trace-format.md``; this module is its code. A trace
 is one run of an agent system: events (eight atomic types), optional edges,
 final rewards, costs, the stop, the budget in force and free metrics.
 
@@ -17,8 +17,11 @@ at a time, one line at a time for JSON Lines.
 
 from __future__ import annotations
 
+import collections
+import difflib
 import gzip
 import io
+import logging
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -271,6 +274,32 @@ def is_decision_point(event: Event) -> bool:
 # --------------------------------------------------------------------------- validation
 
 _TRACE_FIELDS: Final = frozenset(Trace.model_fields) | {"format"}
+_EVENT_FIELDS: Final = (frozenset(Event.model_fields) - {"from_"}) | {"from"}
+
+
+def _suggest(key: str, known: frozenset[str]) -> str | None:
+    """The known field ``key`` most likely misspells (``tokns`` -> ``tokens``), if any."""
+    match = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
+    return match[0] if match else None
+
+
+def _typos(data: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(path, field, the field it likely misspells) for every unknown field close to a known one.
+
+    Other unknown fields are extras the format keeps (the survey schema allows them).
+    """
+    out: list[tuple[str, str, str]] = []
+    for key in data:
+        if key not in _TRACE_FIELDS and (near := _suggest(key, _TRACE_FIELDS)):
+            out.append((key, key, near))
+    events = data.get("events")
+    for i, ev in enumerate(events if isinstance(events, list) else ()):
+        if not isinstance(ev, dict):
+            continue
+        for key in ev:
+            if key not in _EVENT_FIELDS and (near := _suggest(key, _EVENT_FIELDS)):
+                out.append((f"events[{i}].{key}", key, near))
+    return out
 
 
 def _semantic_issues(data: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -315,11 +344,18 @@ def _semantic_issues(data: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def check_trace(
-    data: Any, *, strict: bool = False, file: str | None = None, line: int | None = None
+    data: Any,
+    *,
+    strict: bool = False,
+    file: str | None = None,
+    line: int | None = None,
+    warnings: list[Issue] | None = None,
 ) -> tuple[Trace | None, list[Issue]]:
     """Validate one trace object; return it (or ``None``) and EVERY problem found.
 
-    ``strict`` rejects unknown top-level fields (they are kept otherwise).
+    ``strict`` rejects unknown top-level fields (they are kept otherwise), and an unknown
+    event field that looks like a misspelt one (``tokns``: "did you mean 'tokens'?").
+    Without ``strict`` such likely typos go to ``warnings`` when it is given.
     """
     if not isinstance(data, dict):
         return None, [
@@ -342,18 +378,29 @@ def check_trace(
         issues += pydantic_issues(errs, file=file, line=line, trace_id=trace_id)
     for path, message in _semantic_issues(data):
         issues.append(Issue(message, file=file, line=line, trace_id=trace_id, path=path))
+    typos = {path: near for path, _, near in _typos(data)}
     if strict:
         for key in data:
             if key not in _TRACE_FIELDS:
-                issues.append(
-                    Issue(
-                        "unknown top-level field (--strict)",
-                        file=file,
-                        line=line,
-                        trace_id=trace_id,
-                        path=key,
-                    )
-                )
+                hint = f" (did you mean {typos[key]!r}?)" if key in typos else ""
+                message = f"unknown top-level field{hint} (--strict)"
+                issues.append(Issue(message, file=file, line=line, trace_id=trace_id, path=key))
+    for path, near in typos.items():
+        field_name = path.rpartition(".")[2]
+        if strict and "." not in path:
+            continue  # said above
+        said = Issue(
+            f"unknown field {field_name!r} (did you mean {near!r}?)"
+            + (" (--strict)" if strict else "; kept as an extra field"),
+            file=file,
+            line=line,
+            trace_id=trace_id,
+            path=path,
+        )
+        if strict:
+            issues.append(said)
+        elif warnings is not None:
+            warnings.append(said)
     return (None if issues else trace), issues
 
 
@@ -387,6 +434,8 @@ class Record:
     issues: list[Issue] = field(default_factory=list)
     #: False when the bytes could not be read as a JSON trace at all (binary, not JSON, empty)
     readable: bool = True
+    #: likely typos kept as extra fields (an unknown field close to a known one); errors with strict
+    warnings: list[Issue] = field(default_factory=list)
 
 
 _GZIP_MAGIC: Final = b"\x1f\x8b"
@@ -479,8 +528,9 @@ def _scan_jsonl(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> I
         if bad is not None:
             yield Record(name, lineno, None, [bad], readable=False)
             continue
-        trace, issues = check_trace(data, strict=strict, file=name, line=lineno)
-        yield Record(name, lineno, trace, issues)
+        warned: list[Issue] = []
+        trace, issues = check_trace(data, strict=strict, file=name, line=lineno, warnings=warned)
+        yield Record(name, lineno, trace, issues, warnings=warned)
     if not seen_any:
         yield Record(name, None, None, [Issue("file is empty: no traces", file=name)], readable=False)
 
@@ -510,8 +560,10 @@ def _scan_json(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> It
             name, None, None, [Issue("file holds an empty list: no traces", file=name)], readable=False
         )
     for i, item in enumerate(items):
-        trace, issues = check_trace(item, strict=strict, file=name if len(items) == 1 else f"{name}[{i}]")
-        yield Record(name, None, trace, issues)
+        warned: list[Issue] = []
+        where = name if len(items) == 1 else f"{name}[{i}]"
+        trace, issues = check_trace(item, strict=strict, file=where, warnings=warned)
+        yield Record(name, None, trace, issues, warnings=warned)
 
 
 def _looks_like_jsonl(blob: bytes) -> bool:
@@ -527,17 +579,27 @@ def read_traces(
     *,
     strict: bool = False,
     max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES,
+    errors: Literal["first", "all"] = "first",
 ) -> Iterator[Trace]:
     """Stream valid traces from one or more files.
 
-    Raises :class:`TraceFormatError` for unreadable input (binary, not JSON, empty)
-    and :class:`TraceValidationError` at the first invalid trace, listing every
-    problem in it (``stopserve validate`` reports all traces instead).
+    ``errors="first"``: raises :class:`TraceFormatError` for unreadable input (binary,
+    not JSON, empty) and :class:`TraceValidationError` at the first invalid trace, listing
+    every problem in it. ``errors="all"`` (what ``stopserve train`` reads with): reads on,
+    yielding every valid trace, and at the end raises one :class:`TraceValidationError`
+    listing the problems of every invalid or unreadable trace, as ``stopserve validate``
+    does. Likely typos (an unknown field close to a known one) are logged as one warning
+    per field and file, with the count.
     """
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
+    if errors == "all":
+        yield from _read_all(paths, strict=strict, max_trace_bytes=max_trace_bytes)
+        return
     for path in paths:
+        typos: collections.Counter[tuple[str, str]] = collections.Counter()
         for record in scan(path, strict=strict, max_trace_bytes=max_trace_bytes):
+            _count_typos(record, typos)
             if record.trace is None:
                 if not record.readable:
                     raise TraceFormatError(str(record.issues[0]), record.issues[1:])
@@ -547,6 +609,54 @@ def read_traces(
                     f"{where}: invalid trace ({len(record.issues)} problems)", record.issues
                 )
             yield record.trace
+        _warn_typos(path, typos)
+
+
+#: problems one ``read_traces(errors="all")`` error lists before it only counts the rest
+MAX_LISTED_ISSUES: Final = 1000
+_log = logging.getLogger("stopserve.trace")
+
+
+def _read_all(
+    paths: Iterable[str | os.PathLike[str]], *, strict: bool, max_trace_bytes: int
+) -> Iterator[Trace]:
+    issues: list[Issue] = []
+    n_bad = n_issues = n_total = 0
+    for path in paths:
+        typos: collections.Counter[tuple[str, str]] = collections.Counter()
+        try:
+            for record in scan(path, strict=strict, max_trace_bytes=max_trace_bytes):
+                _count_typos(record, typos)
+                n_total += 1
+                if record.trace is not None:
+                    yield record.trace
+                    continue
+                n_bad += 1
+                n_issues += len(record.issues)
+                issues += record.issues[: max(0, MAX_LISTED_ISSUES - len(issues))]
+        except TraceFormatError as exc:  # cannot open the file: one more problem, read on
+            n_bad += 1
+            n_issues += 1
+            if len(issues) < MAX_LISTED_ISSUES:
+                issues.append(Issue(str(exc)))
+        _warn_typos(path, typos)
+    if n_bad:
+        more = f"; {n_issues - len(issues)} more not listed" if n_issues > len(issues) else ""
+        raise TraceValidationError(
+            f"{n_bad} of {n_total} traces invalid or unreadable ({n_issues} problems{more}); "
+            "stopserve validate lists them the same way",
+            issues,
+        )
+
+
+def _count_typos(record: Record, typos: collections.Counter[tuple[str, str]]) -> None:
+    for warning in record.warnings:
+        typos[(warning.path or "").rpartition(".")[2], warning.message] += 1
+
+
+def _warn_typos(path: str | os.PathLike[str], typos: collections.Counter[tuple[str, str]]) -> None:
+    for (_, message), n in typos.items():
+        _log.warning("%s: %s, in %d place(s)", os.fspath(path), message, n)
 
 
 # --------------------------------------------------------------------------- writing

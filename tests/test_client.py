@@ -353,3 +353,78 @@ def test_an_evicted_run_without_a_whole_journal_is_decided_locally(tmp_path: Pat
         assert d.degraded and d.turn == 4  # the local state knows the real turn
         d = client.decide("v2", step(rec, 4))
         assert d.degraded and (d.turn, d.action) == (5, "stop")
+
+
+# --------------------------------------------------------------------------- many events at once
+
+
+def many_steps(rec: EventRecorder, n: int, offset: int = 0) -> list:
+    for i in range(offset, offset + n):
+        rec.tool_use("bash", content=f"cmd {i}", tokens=10)
+        rec.returned("bash", content=f"out {i}")
+    return rec.drain()
+
+
+def test_a_decide_with_more_events_than_a_request_takes_is_split(
+    server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """1,800 events at once (above the old 1,000 pending bound) and 4,400 (above the service's 2,000
+    per request): all delivered, the turn counts every one, nothing dropped, nothing degraded."""
+    rec = EventRecorder()
+    with StopClient(server.url, timeout=5.0, safety={"loop": False}) as client:
+        d = client.decide("c-big", many_steps(rec, 900))
+        assert (d.turn, d.degraded) == (900, False)
+        d = client.decide("c-big", many_steps(rec, 1_300, offset=900))
+        assert (d.turn, d.degraded) == (2_200, False)
+        out = client.outcome("c-big", {"team": 1.0})
+    assert out is not None and out.n_events == 4_400
+    assert "dropped" not in caplog.text
+
+
+def test_an_outcome_with_more_events_than_a_request_takes_is_delivered(server: LiveServer) -> None:
+    rec = EventRecorder()
+    with StopClient(server.url, timeout=5.0, safety={"loop": False}) as client:
+        out = client.outcome("c-big-out", {"team": 1.0}, events=many_steps(rec, 1_500))
+    assert out is not None and out.n_events == 3_000
+    assert len(logged_trace(server, "c-big-out").events) == 3_000
+
+
+def test_events_are_dropped_only_while_the_service_is_away_and_loudly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rec = EventRecorder()
+    with StopClient(dead_url(), timeout=0.1, max_pending=50, safety={"loop": False}) as client:
+        d = client.decide("c-away", many_steps(rec, 40))
+        assert d.degraded and d.turn == 40
+        assert "dropped 30 unsent events" in caplog.text and "decided locally" in caplog.text
+        # the local state still holds every event; later decisions stay local and say so
+        d = client.decide("c-away", many_steps(rec, 1, offset=40))
+        assert d.degraded and d.turn == 41
+
+
+def test_a_small_max_pending_drops_nothing_while_the_service_answers(
+    server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    with StopClient(server.url, timeout=5.0, max_pending=50, safety={"loop": False}) as client:
+        d = client.decide("c-pending", many_steps(EventRecorder(), 40))
+    assert (d.turn, d.degraded) == (40, False)
+    assert "dropped" not in caplog.text
+
+
+@pytest.mark.timeout(30)
+def test_outcome_fails_as_fast_as_decide_once_the_breaker_is_open(tmp_path: Path) -> None:
+    import time
+
+    spool = tmp_path / "spool.jsonl"
+    with socket.socket() as sock:  # accepts connections, never answers
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with StopClient(url, timeout=0.1, outcome_timeout=5.0, spool=spool) as client:
+            assert client.decide("c-silent", step(EventRecorder(), 0)).degraded  # opens the breaker
+            start = time.monotonic()
+            assert client.outcome("c-silent", {"team": 1.0}) is None
+            took = time.monotonic() - start
+    assert took < 1.0, f"outcome waited {took:.2f} s on a service the breaker had given up on"
+    (trace,) = list(read_traces(spool))
+    assert trace.trace_id == "c-silent" and trace.rewards == {"team": 1.0}

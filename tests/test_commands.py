@@ -110,8 +110,8 @@ def test_training_commands_name_their_extra_when_it_is_missing(
     traces = _jsonl(tmp_path / "t.jsonl", _trace("abc"))
     assert main(["train", traces, "-o", str(tmp_path / "model")]) == 2
     err = capsys.readouterr().err
-    assert "stopserve train: error: needs the [train] extra (tqdm not installed)" in err
-    assert "pip install 'stopserve[train]'" in err and "Traceback" not in err
+    assert "stopserve train: error: this command needs the [train] extra (tqdm is not installed)" in err
+    assert "pip install -e '.[train]'" in err and "Traceback" not in err
     assert not (tmp_path / "model").exists()
 
 
@@ -184,3 +184,31 @@ def test_import_to_a_folder_or_missing_folder_is_a_clear_error(tmp_path: Path, c
     assert "is a folder; give the output file" in capsys.readouterr().err
     assert main(["import", "survey", src, "-o", str(tmp_path / "no" / "o.jsonl"), "--no-progress"]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_a_misspelt_field_is_a_warning_and_an_error_with_strict(tmp_path: Path, capsys) -> None:
+    runs = _jsonl(tmp_path / "runs.jsonl", _trace("abc", tokns=12, trusted=True, cache_write_tokens=3))
+    assert main(["validate", runs]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        f"warning: {runs}:1: trace 'abc': events[0].tokns: unknown field 'tokns' (did you mean 'tokens'?); "
+        "kept as an extra field"
+    )
+    assert (
+        len(out) == 2 and "1 warning(s)" in out[-1]
+    )  # the survey's `trusted`, an importer's extra: no warning
+    assert main(["validate", "--strict", runs]) == 1
+    out = capsys.readouterr().out
+    assert "events[0].tokns: unknown field 'tokns' (did you mean 'tokens'?) (--strict)" in out
+
+
+def test_train_lists_every_bad_trace_as_validate_does(tmp_path: Path, capsys) -> None:
+    good = [{**_trace(f"ok{i}"), "task_id": f"t{i}", "rewards": {"team": 1.0}} for i in range(3)]
+    runs = _jsonl(
+        tmp_path / "runs.jsonl", good[0], _trace("bad1", type="spwan"), good[1], _trace("bad2", t=-1), good[2]
+    )
+    assert main(["train", runs, "-o", str(tmp_path / "model"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "2 of 5 traces invalid" in err
+    assert f"{runs}:2: trace 'bad1': events[0].type" in err and f"{runs}:4: trace 'bad2': events[0].t" in err
+    assert not (tmp_path / "model").exists()

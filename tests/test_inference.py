@@ -245,14 +245,18 @@ def test_cache_is_written_once_then_read_and_a_corrupt_entry_is_rebuilt(
 
 
 @needs_compiler
-def test_unusable_cache_dir_compiles_in_memory(tmp_path: Path) -> None:
+def test_unusable_cache_dir_compiles_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mdir = _small_model_dir(tmp_path)
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
+    # a temporary folder of this test's own: other stopserve processes build in the shared one
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     info = _fresh_load(mdir, blocker)
     assert (info["engine"], info["cache"]) == ("tl2cgen", "memory")
     assert "not cached" in info["detail"] and str(blocker) in info["detail"]
-    assert not list(Path(tempfile.gettempdir()).glob("stopserve-tl2cgen-*")), "the build folder is gone"
+    assert not list(own_tmp.iterdir()), "the build folder is gone"
     if os.geteuid() != 0:  # root writes anywhere: a read-only folder needs a user
         ro = tmp_path / "ro"
         ro.mkdir(mode=0o500)
@@ -294,7 +298,7 @@ def test_without_tl2cgen_or_gcc_auto_falls_back_and_says_why(
     info = policy.inference
     assert info is not None and info == policy.manifest["inference"], "GET /v1/model serves the manifest"
     assert info["engine"] == "lightgbm" and info["requested"] == "auto"
-    assert "tl2cgen is not installed" in info["detail"] and "stopserve[fast]" in info["detail"]
+    assert "tl2cgen is not installed" in info["detail"] and "'.[fast]'" in info["detail"]
     assert any("tl2cgen is not installed" in r.getMessage() for r in caplog.records), "the fallback is logged"
     with pytest.raises(ModelError, match="engine 'tl2cgen' was asked for, but tl2cgen is not installed"):
         Policy.load(mdir, engine="tl2cgen", cache_dir=tmp_path / "c")
@@ -339,3 +343,34 @@ def test_no_private_api_of_a_dependency() -> None:
             if needle in text:
                 offenders.append(f"{path.relative_to(ROOT)}: {needle}")
     assert offenders == []
+
+
+# --------------------------------------------------------------------------- what a first serve prints
+
+
+@needs_compiler
+def test_the_first_serve_compiles_without_a_word_of_treelite(tmp_path: Path) -> None:
+    """A fresh cache: the shipped model is compiled at start-up; TL2cgen's C++ note about the
+    Treelite version (printed once per booster before) is not shown, and nothing is wrong."""
+    from servers import LiveServer
+
+    env = {"STOPSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    with LiveServer(log_dir=tmp_path / "logs", env=env) as srv:
+        import httpx
+
+        info = httpx.get(srv.url + "/v1/model", timeout=10).json()["manifest"]["inference"]
+        out = srv.read_output()
+    assert info["engine"] == "tl2cgen" and info["cache"] in ("written", "reused")  # built in this process
+    assert "Treelite" not in out and "WARNING" not in out, out
+
+
+def test_native_stderr_passes_on_what_is_not_the_version_note(capfd: pytest.CaptureFixture[str]) -> None:
+    from stopserve.inference import _native_stderr
+
+    with _native_stderr():
+        os.write(2, b"[10:44:54] serializer.cc:202: The model you are loading originated from a newer ")
+        os.write(2, b"Treelite version; some functionalities may be unavailable.\n")
+        os.write(2, b"Currently running Treelite version 4.1.2\n")
+        os.write(2, b"gcc: warning: something a user should see\n")
+    err = capfd.readouterr().err
+    assert err == "gcc: warning: something a user should see\n"

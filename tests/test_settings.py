@@ -31,3 +31,21 @@ def test_bad_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError) as info:
         load_settings()
     assert any(issue.path == "STOPSERVE_PORT" for issue in info.value.issues)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        ("STOPSERVE_SAFETY", '{"max_turns": 40,}', "trailing comma is not allowed: line 1 column 17"),
+        ("STOPSERVE_CORS_ORIGINS", '["https://a.example",', "line 1 column"),
+    ],
+)
+def test_a_structured_variable_that_is_not_json_says_so_and_where(
+    monkeypatch: pytest.MonkeyPatch, name: str, text: str, said: str
+) -> None:
+    monkeypatch.setenv(name, text)
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    (issue,) = err.value.issues
+    assert issue.path == name and issue.message.startswith("not valid JSON: ") and said in issue.message
+    assert "valid dictionary" not in str(err.value)

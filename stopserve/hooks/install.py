@@ -246,13 +246,30 @@ def uninstall(harness: str, *, project: str | os.PathLike[str] | None = None) ->
             del hooks[event]
         else:
             hooks[event] = kept_groups
+    if result.changed and not hooks:
+        del data["hooks"]  # ours were the only hooks: leave no empty object behind
     if result.changed:
         _write(path, data, result)
     return result
 
 
+def check_url(url: str) -> str:
+    """``url`` when it is an http(s) URL with a host (the service the hook will call), else ConfigError."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"--url {url!r}: expected the service's http:// or https:// URL, e.g. http://127.0.0.1:8080"
+        )
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a port that is no number or out of range
+    except ValueError as exc:
+        raise ConfigError(f"--url {url!r}: {exc}") from None
+    return url
+
+
 def install_command(args: argparse.Namespace) -> int:
     """``stopserve hook install claude-code|codex``."""
+    check_url(args.url)  # a typo here would leave a hook that lets every stop through, silently
     if args.http and args.harness != "claude-code":
         raise ConfigError("--http: only Claude Code runs HTTP hooks; Codex needs the command hook")
     if args.trust and args.harness != "codex":

@@ -5,14 +5,17 @@ A log file is one JSON object from run index to run (``environment``, ``dataset`
 ``rewards``, ``valid_action``, and ``thoughts`` / ``steps`` for some strategies,
 ``summary``). Plan-and-solve logs written by the later harness wrap the same runs as
 ``{"meta": <run configuration>, "logs": {...}}``; a file holding only a configuration
-(no runs) is skipped with that reason. The model is the name of the folder holding the
+(no runs) is skipped with that reason. The model is the one a multi-turn file's name
+gives (``ic_<env>_[multiturn_]<model>_<N>_turns``), else the name of the folder holding the
 file; the strategy comes from the file name (``react``, ``plan_solve``, else the
 multi-turn "Try Again" loop), ``handicap`` in the name marks runs that were shown the
-database schema up front.
+database schema up front. Every published environment reads: SQL, Bash, Python, CTF.
 
 Each turn ``k`` (``t = k``, the source has no timestamps) is a ``tool_use`` by the model
-(``tool`` = ``sql`` / ``bash``, ``error`` = not ``valid_action``, ``tokens`` estimated
-by :func:`estimate_tokens`) and a ``return`` by ``env`` (``error`` by :func:`is_error_output`).
+(``tool`` = the environment: ``sql``, ``bash``, ``python``, ``ctf``; ``error`` = not
+``valid_action``, none when it is ``null`` or absent: the Python environment and CTF's
+25-turn logs do not check actions; ``tokens`` estimated by :func:`estimate_tokens`) and a
+``return`` by ``env`` (``error`` by :func:`is_error_output`).
 What the harness graded and showed differs by strategy, and so does the mapping:
 
 * multi-turn: every action is graded with ``submit`` and the reward is shown in the
@@ -59,14 +62,19 @@ STRATEGY_CODES: Final[dict[str, float]] = {"multiturn": 0.0, "react": 1.0, "plan
 _HARDNESS: Final[dict[str, float]] = {"easy": 1.0, "medium": 2.0, "hard": 3.0, "extra": 4.0}
 _SUFFIXES: Final = (".json", ".json.gz")
 _CONFIG_KEYS: Final = frozenset({"data_path", "env", "image_name", "log_dir"})
-_LISTS: Final = ("actions", "observations", "rewards", "valid_action")
+_LISTS: Final = ("actions", "observations", "rewards")
 _BLOCKED: Final = "blocked"  # the multi-turn harness's entry for a policy call that failed
 _HARNESS_SUBMIT: Final = "EXCEEDED MAX TURNS"  # ReAct: the harness submitted for the model
 _ERROR_START_RE: Final = re.compile(
-    r"^\s*(?:Error executing query|No \w+ code was found|Format your \w+ command as follows"
-    r"|Malformed command)"
+    r"^\s*(?:Error executing (?:query|action)|No \w+ code was found|Format your \w+ command as follows"
+    r"|Malformed command|OCI runtime exec failed)"
 )
 _SHELL_ERROR_RE: Final = re.compile(r": (?:command not found|syntax error)", re.M)
+_SHELL_ENVS: Final = frozenset({"bash", "ctf"})  # CTF runs its commands in a bash shell
+# the Python environment's observation of a run: "{'output': '...', 'error': '...'}"
+_PYTHON_ERROR_RE: Final = re.compile(r"'error': (?!''\}\s*$)")
+#: ``ic_<env>_[multiturn_]<model>_<N>_turns``: a multi-turn file that names its model
+_MODEL_IN_NAME_RE: Final = re.compile(r"^ic_[a-z]+_(?:multiturn_)?(?P<model>.+?)[-_]\d+_turns(?:_|$)")
 _REACT_EXECUTE_RE: Final = re.compile(r"execute\[(.*)\]", re.DOTALL)
 
 
@@ -74,13 +82,17 @@ def is_error_output(observation: str, env: str) -> bool:
     """Whether an observation is an error message (independent of ``valid_action``).
 
     True when it starts with one of the harness's error texts (``Error executing query``,
-    ``No SQL code was found``, ``Format your BASH command as follows``, ``Malformed
-    command``), or, in bash, holds a shell error line (``: command not found``,
-    ``: syntax error``): a pipeline's last command can succeed after an earlier one failed.
+    ``Error executing action``, ``No SQL code was found``, ``Format your BASH command as
+    follows``, ``Malformed command``, ``OCI runtime exec failed``), or, in bash and CTF,
+    holds a shell error line (``: command not found``, ``: syntax error``): a pipeline's
+    last command can succeed after an earlier one failed; in Python, when the run's
+    ``{'output': ..., 'error': ...}`` names an error.
     """
     if _ERROR_START_RE.match(observation):
         return True
-    return env == "bash" and bool(_SHELL_ERROR_RE.search(observation))
+    if env == "python":
+        return observation.startswith("{'output'") and bool(_PYTHON_ERROR_RE.search(observation))
+    return env in _SHELL_ENVS and bool(_SHELL_ERROR_RE.search(observation))
 
 
 def estimate_tokens(context_chars: int, written_chars: int) -> int:
@@ -165,7 +177,7 @@ class _Run:
     actions: list[str]
     observations: list[str]
     rewards: list[float]
-    valid: list[bool]
+    valid: list[bool | None]  # None: the environment does not check actions (Python, some CTF logs)
     thoughts: list[str]
     steps: list[str]
     blocked: bool
@@ -187,12 +199,17 @@ def _parse_history(run: Mapping[str, Any], file: str, key: str) -> _Run:
         if number is None:
             raise fail(f"expected a number, got {value!r}", file=file, path=f"{where}.rewards[{i}]")
         rewards.append(number)
-    valid: list[bool] = []
-    for i, value in enumerate(history["valid_action"]):
-        if not isinstance(value, bool):
-            raise fail(f"expected true or false, got {value!r}", file=file, path=f"{where}.valid_action[{i}]")
-        valid.append(value)
     n = len(observations)
+    checked = history.get("valid_action", [None] * n)  # absent (CTF's 25-turn logs): nothing checked
+    if not isinstance(checked, list):
+        raise fail("expected a list", file=file, path=f"{where}.valid_action")
+    valid: list[bool | None] = []
+    for i, value in enumerate(checked):
+        if value is not None and not isinstance(value, bool):
+            raise fail(
+                f"expected true, false or null, got {value!r}", file=file, path=f"{where}.valid_action[{i}]"
+            )
+        valid.append(value)
     blocked = len(actions) == n + 1 and actions[-1] == _BLOCKED and len(rewards) == n + 1
     if not blocked and not len(actions) == n == len(rewards):
         raise fail(
@@ -255,20 +272,20 @@ def convert(run: Any, source: LogFile, key: str) -> Trace:
             code = match.group(1) if match else action
         tokens = estimate_tokens(context + len(step), len(thought) + len(action))
         total_tokens += tokens
-        failed = not turns.valid[k]
-        events.append(
-            {
-                "id": f"turn{k + 1}.model",
-                "t": k,
-                "type": "tool_use",
-                "agent": model,
-                "role": "assistant",
-                "tool": env,
-                "content_ref": content_ref(code),
-                "tokens": tokens,
-                "error": failed,
-            }
-        )
+        failed = turns.valid[k] is False
+        use: dict[str, Any] = {
+            "id": f"turn{k + 1}.model",
+            "t": k,
+            "type": "tool_use",
+            "agent": model,
+            "role": "assistant",
+            "tool": env,
+            "content_ref": content_ref(code),
+            "tokens": tokens,
+        }
+        if turns.valid[k] is not None:
+            use["error"] = failed
+        events.append(use)
         ret: dict[str, Any] = {
             "id": f"turn{k + 1}.env",
             "t": k,
@@ -385,7 +402,10 @@ def _log_file(path: Path, meta: Mapping[str, Any], first_run: Mapping[str, Any] 
         else:
             match = re.search(r"refine_(\d+)_turns", stem)
             refine_turns = int(match.group(1)) if match else 0
-    model = path.resolve().parent.name or "unknown"
+    named = _MODEL_IN_NAME_RE.match(stem) if strategy == "multiturn" else None
+    # the name says which model ran (the published Python logs hold gpt-4 runs in a gpt-3.5
+    # folder; the CTF logs sit in no model folder); else the folder does
+    model = named["model"] if named else path.resolve().parent.name or "unknown"
     return LogFile(
         path=str(path),
         model=model,

@@ -5,5 +5,5 @@ asks the service each turn, and stops the framework's run the way it expects.
 - :mod:`stopserve.integrations.langgraph`: ``StopServeRouter`` for ``add_conditional_edges``
 - :mod:`stopserve.integrations.openai_agents`: ``StopServeHooks`` (openai-agents ``RunHooks``)
 
-Each needs its framework: ``pip install 'stopserve[integrations]'``.
+Each needs its framework: the ``[integrations]`` extra.
 """

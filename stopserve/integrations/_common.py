@@ -10,6 +10,7 @@ from typing import Any, Final, TypeVar
 
 from stopserve.api import DecideResponse
 from stopserve.client import AsyncStopClient, StopClient
+from stopserve.extras import install_hint
 from stopserve.trace import Event, Stop, Topology, is_decision_point
 
 __all__ = [
@@ -25,7 +26,7 @@ __all__ = [
 
 ClientT = TypeVar("ClientT", StopClient, AsyncStopClient)
 
-EXTRA_HINT: Final = "pip install 'stopserve[integrations]'"
+EXTRA_HINT: Final = install_hint("integrations")
 
 
 def missing_extra(module: str, package: str, exc: ImportError) -> ImportError:

@@ -99,22 +99,36 @@ _ERRORS: Final = openapi_responses()
 _bearer = HTTPBearer(auto_error=False, description="STOPSERVE_ADMIN_TOKEN")
 
 
-class _BodyLimit:
-    """Refuse request bodies above ``max_bytes`` (declared or streamed) with a 413."""
+_Scope = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+
+class _HttpLayer:
+    """A pure ASGI middleware that acts on HTTP requests only (lifespan and the rest pass)."""
+
+    def __init__(self, app: Any) -> None:
         self.app = app
-        self.max_bytes = max_bytes
 
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-    ) -> None:
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        """Handle one HTTP request."""
+        raise NotImplementedError
+
+
+class _BodyLimit(_HttpLayer):
+    """Refuse request bodies above ``max_bytes`` (declared or streamed) with a 413."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        super().__init__(app)
+        self.max_bytes = max_bytes
+
+    async def http(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
         limit = self.max_bytes
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
@@ -140,6 +154,24 @@ class _BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+class _CountRejected(_HttpLayer):
+    """Count every response of status 400 or above in ``stopserve_rejected_requests``, by status.
+
+    The outermost layer: it also sees the 413s of :class:`_BodyLimit` and the errors
+    FastAPI answers itself (404, 405, 422), not only those the engine raises.
+    """
+
+    async def http(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        async def counted(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                engine = getattr(scope["app"].state, "engine", None)
+                if engine is not None:
+                    engine.metrics.count_rejected(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counted)
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -417,6 +449,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"]
         )
     app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(_CountRejected)  # added last: the outermost, it sees every answer
 
     # the decide routes (and outcome) read their bodies themselves (count limits while the body
     # streams in, validation from bytes): their request models are documented by reference
@@ -487,6 +520,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """The same decisions and reasons as `stopserve hook claude-code` (docs/hooks.md); `{}`: no answer."""
         hooks: HookEndpoint = request.app.state.hooks
         return _json(await hooks.handle(await request.body(), request.query_params))
+
+    # before the run routes: their {run_id:path} would take "x/decide" as an id and answer 422
+    @app.api_route(
+        "/v1/runs/{run_id:path}/decide", methods=["GET", "HEAD", "DELETE"], include_in_schema=False
+    )
+    @app.api_route(
+        "/v1/runs/{run_id:path}/outcome", methods=["GET", "HEAD", "DELETE"], include_in_schema=False
+    )
+    def post_only() -> Response:
+        raise StarletteHTTPException(405, headers={"Allow": "POST"})
 
     # before the run route: its {run_id:path} would take ".../credit" as an id (and refuse it)
     @app.get(
@@ -622,6 +665,9 @@ def serve_command(args: argparse.Namespace) -> int:
             "calls. Set STOPSERVE_STORE=redis://host:port/db (a shared run store) for several workers, "
             "or run one worker; or run several independent sidecars, each owning its own runs."
         )
+    from stopserve.service.port import check_port
+
+    check_port(settings.host, settings.port)  # before the model loads: a busy port is said at once
     if settings.shared_store:
         _check_store(settings)
     path = settings.resolved_model_dir()
@@ -680,7 +726,8 @@ def app_from_env() -> FastAPI:
 
 def _check_store(settings: Settings) -> None:
     """Reach the shared run store now: an unreachable one is a one-line error, not a worker traceback."""
-    from stopserve.service.store import StoreUnavailableError, open_store
+    from stopserve.service.store import StoreUnavailableError
+    from stopserve.service.stores import open_store
 
     store = open_store(settings, load_safety=dict)
     try:

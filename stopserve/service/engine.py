@@ -80,8 +80,8 @@ from stopserve.service.store import (
     StoreUnavailableError,
     decision_bytes,
     event_bytes,
-    open_store,
 )
+from stopserve.service.stores import open_store
 from stopserve.settings import Settings
 from stopserve.trace import Event, Stop, Topology, Trace, check_trace
 

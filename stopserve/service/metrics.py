@@ -42,6 +42,12 @@ class Metrics:
         self.log_errors = Counter("stopserve_log_write_errors", "Log lines that failed to write", registry=r)
         self.reloads = Counter("stopserve_reloads", "Admin reloads by result", ["result"], registry=r)
         self.outcomes = Counter("stopserve_outcomes", "Runs closed with an outcome", registry=r)
+        self.rejected = Counter(
+            "stopserve_rejected_requests",
+            "Requests answered with an error, by HTTP status (413 too large, 409 run closed or evicted, ...)",
+            ["status"],
+            registry=r,
+        )
         self._decision_children: dict[tuple[str, str | None, str | None], Counter] = {}
 
     def count_decision(self, action: str, reason: str | None, safety_net: str | None) -> None:
@@ -54,6 +60,10 @@ class Metrics:
             )
             self._decision_children[key] = child
         child.inc()
+
+    def count_rejected(self, status: int) -> None:
+        """Count one request answered with status ``status`` (400 or above)."""
+        self.rejected.labels(status=str(status)).inc()
 
     def set_model(self, version: str | None, kind: str) -> None:
         """Point the model gauge at the model now served."""

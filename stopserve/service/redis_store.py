@@ -25,7 +25,7 @@ skipped. Lua rather than WATCH/MULTI: a WATCH holds one connection per call in f
 the read to the write and costs a third round trip; a script needs neither, and the
 retried read is the same one-round-trip read.
 
-The redis package is imported when this store is opened: ``pip install 'stopserve[redis]'``.
+The redis package is imported when this store is opened (the ``[redis]`` extra).
 """
 
 from __future__ import annotations
@@ -163,15 +163,11 @@ class RedisRunStore:
         load_safety: Callable[[dict[str, Any]], Any],
         timeout_s: float = 5.0,
     ) -> None:
-        try:
-            import redis
-            import redis.asyncio
-            from redis.backoff import ExponentialBackoff
-            from redis.retry import Retry
-        except ImportError:  # pragma: no cover - the [redis] extra
-            raise ImportError(
-                "STOPSERVE_STORE=redis://... needs the redis client: pip install 'stopserve[redis]'"
-            ) from None
+        import redis  # open_store checked that the [redis] extra is installed
+        import redis.asyncio
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
+
         self.url = url
         self.ttl_ms = max(1, round(ttl_s * 1000))
         self.keep_ms = max(self.ttl_ms, round(keep_s * 1000))

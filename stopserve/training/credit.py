@@ -77,6 +77,7 @@ import numpy.typing as npt
 from stopserve.errors import ConfigError, ModelError, TrainingError
 from stopserve.features import RunState
 from stopserve.policy import Policy, cost_so_far, cost_weight
+from stopserve.progress import progress
 from stopserve.trace import EVENT_TYPES, Event, Trace, read_traces
 from stopserve.training.labels import fold_events
 
@@ -607,13 +608,9 @@ def _num(x: float | None) -> str:
 
 def plot_timeline(report: TraceCredit, path: str | Path) -> None:
     """A PNG: V(s_t) along the run, and each event's credit as a bar coloured by agent."""
-    try:
-        import matplotlib
+    from stopserve.plotting import pyplot, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise TrainingError("--plot needs matplotlib: pip install 'stopserve[plot]'") from exc
+    plt = pyplot()
     agents = list(dict.fromkeys(e.agent for e in report.events))
     cmap = plt.get_cmap("tab10" if len(agents) <= 10 else "tab20")
     colour = {a: cmap(i % cmap.N) for i, a in enumerate(agents)}
@@ -643,12 +640,7 @@ def plot_timeline(report: TraceCredit, path: str | Path) -> None:
     handles = [Patch(color=colour[a]) for a in agents]
     ax_c.legend(handles, agents, loc="best", fontsize=8, ncol=2)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise TrainingError(f"{path}: cannot write: {exc.strerror or exc}") from exc
-    finally:
-        plt.close(fig)
+    save(fig, path)
 
 
 def credit_command(args: argparse.Namespace) -> int:
@@ -665,7 +657,9 @@ def credit_command(args: argparse.Namespace) -> int:
     types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
     wanted = set(args.trace or ())
     reports: list[TraceCredit] = []
-    for trace in read_traces(args.traces):
+    for trace in progress(
+        read_traces(args.traces), desc="credit", unit=" traces", enabled=not args.no_progress
+    ):
         if wanted and trace.trace_id not in wanted:
             continue
         reports.append(

@@ -55,8 +55,10 @@ import numpy as np
 
 from stopserve.errors import StopServeError, TrainingError
 from stopserve.evidence import DEFAULT_EVIDENCE, Evidence
+from stopserve.extras import require
 from stopserve.features import FEATURE_NAMES
 from stopserve.policy import Policy
+from stopserve.progress import progress_bar
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Trace, read_traces
 from stopserve.training.fit import EARLY_STOPPING, TraceSource
@@ -93,18 +95,9 @@ LOSS_GRACE: Final = 5.0
 #: Cross-entropy is computed on probabilities clipped here, as LightGBM's metric does.
 _EPS: Final = 1e-15
 
-_EXTRA_HINT: Final = "pip install 'stopserve[dask]'"
-
 
 def _require_dask() -> None:
-    try:
-        import dask.array  # noqa: F401
-        import distributed  # noqa: F401
-        import lightgbm.dask  # noqa: F401
-    except ImportError as exc:
-        raise TrainingError(
-            f"--dask needs Dask and lightgbm.dask ({exc.name} is missing): {_EXTRA_HINT}"
-        ) from None
+    require("dask", "dask.array", "distributed", "lightgbm.dask", what="--dask")
 
 
 # --------------------------------------------------------------------------- partitions
@@ -375,11 +368,7 @@ class DaskBackend:
         from distributed import as_completed
 
         label_of = {f.key: label for f, label in zip(futures, labels, strict=True)}
-        bar = None
-        if self.progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(futures), desc=what, unit=" partitions", file=sys.stderr)
+        bar = progress_bar(len(futures), desc=what, unit=" partitions", enabled=self.progress)
         try:
             for fut in as_completed(futures):
                 if fut.status == "error":
@@ -777,10 +766,7 @@ def write_parquet(
     each file is featurized and written by a task on the cluster (the workers must see
     ``out_dir``).
     """
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        raise TrainingError(f"--parquet needs pyarrow: {_EXTRA_HINT}") from None
+    require("dask", "pyarrow", what="--parquet")
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise TrainingError(f"{out}: exists and is not an empty folder; give a new folder for --parquet")
@@ -838,7 +824,7 @@ def features_dask_command(args: argparse.Namespace) -> int:
     from stopserve.training.labels import write_features_csv
 
     source = TraceSource([str(p) for p in args.traces])
-    backend = None if args.dask is None else DaskBackend.from_args(args, progress=sys.stderr.isatty())
+    backend = None if args.dask is None else DaskBackend.from_args(args, progress=not args.no_progress)
     try:
         if args.parquet is not None:
             n_rows, n_files, unit = write_parquet(

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -60,7 +59,7 @@ from stopserve.training.heuristics import replay as replay_mask
 from stopserve.training.labels import DecisionPoints, FloatArray
 from stopserve.training.replay import REPLAY_ENGINE, replay_rows
 
-__all__ = ["LAMBDA_SWEEP", "evaluate", "evaluate_command", "plot_pareto"]
+__all__ = ["LAMBDA_SWEEP", "evaluate", "evaluate_command", "pareto_figure", "plot_pareto"]
 
 #: Multiples of λ (or of the cost share) the learned policy is swept over for the Pareto chart.
 LAMBDA_SWEEP: Final[tuple[float, ...]] = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 10.0, 30.0)
@@ -397,20 +396,22 @@ def _train_choice(dp: DecisionPoints, lam: float, folds: int, seed: int) -> Fami
 
 def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
     """Draw success against mean cost: learned λ sweep, heuristic sweeps, behavior, oracle."""
-    try:
-        import matplotlib
+    from stopserve.plotting import save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise TrainingError("--plot needs matplotlib: pip install 'stopserve[plot]'") from exc
-    fig, ax = plt.subplots(figsize=(7, 5))
+    save(pareto_figure(report), path)
+
+
+def pareto_figure(report: dict[str, Any]) -> Any:
+    """The chart of :func:`plot_pareto`, as a matplotlib figure."""
+    from stopserve.plotting import pyplot
+
+    fig, ax = pyplot().subplots(figsize=(7, 5))
     sweeps = report.get("sweeps", {})
     styles = {"learned": "o-", "turn_cap": "s--", "cost_cap": "^--", "reward_threshold": "v--"}
     for name, pts in sweeps.items():
-        if not pts:
-            continue
-        ordered = sorted(pts, key=lambda p: p["cost"])
+        ordered = sorted(pts or (), key=lambda p: p["cost"])
+        if len({(p["cost"], p["success"]) for p in ordered}) < 2:
+            continue  # a sweep that does not move (a policy that ignores its parameter) draws no line
         what = "cost-weight sweep" if name == "learned" else "parameter sweep"
         ax.plot(
             [p["cost"] for p in ordered],
@@ -425,12 +426,11 @@ def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
     for name, marker in (("behavior", "k*"), ("oracle", "r*")):
         p = report["policies"][name]
         ax.plot([p["cost"]], [p["success"]], marker, markersize=14, label=name)
-    unit = (
-        f"{report['cost_unit']}, per data set's mean"
-        if report.get("cost_normalised")
-        else report["cost_unit"]
-    )
-    ax.set_xlabel(f"mean cost ({unit})")
+    if report.get("cost_normalised"):
+        # costs are divided by each data set's mean behavior cost: the axis has no unit
+        ax.set_xlabel(f"mean cost, relative (1 = a data set's mean behavior cost in {report['cost_unit']})")
+    else:
+        ax.set_xlabel(f"mean cost ({report['cost_unit']})")
     ax.set_ylabel("success (mean q at stop)")
     weight = (
         f"cost share {report['cost_share']:g}"
@@ -441,12 +441,7 @@ def plot_pareto(report: dict[str, Any], path: str | Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise TrainingError(f"{path}: cannot write the chart: {exc.strerror or exc}") from exc
-    finally:
-        plt.close(fig)
+    return fig
 
 
 # --------------------------------------------------------------------------- CLI
@@ -501,7 +496,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
             f"({args.model}/manifest.json); evaluate in {model_unit!r}"
         )
     labels_from_rewards = bool(args.labels_from_rewards or manifest.get("labels_from_rewards", False))
-    progress = not args.json and sys.stderr.isatty()
+    progress = not args.no_progress  # on stderr, on a terminal only: --json output stays clean
     backend = None
     if getattr(args, "dask", None) is not None:
         from stopserve.training.distributed import DaskBackend

@@ -55,6 +55,7 @@ from stopserve.errors import TrainingError
 from stopserve.evidence import DEFAULT_EVIDENCE, Evidence
 from stopserve.features import FEATURE_NAMES, scale_free_features
 from stopserve.policy import METHOD_MODELS, Policy
+from stopserve.progress import progress_bar
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.trace import Trace, read_traces
 from stopserve.training.heuristics import (
@@ -157,7 +158,7 @@ class TraceSource:
 
     def __iter__(self) -> Iterator[Trace]:
         if self._paths is not None:
-            return iter(read_traces(self._paths))
+            return iter(read_traces(self._paths, errors="all"))  # every bad trace listed, as validate does
         return iter(self._traces or [])
 
     @property
@@ -1296,15 +1297,16 @@ def _summary(r: Any) -> dict[str, float]:
 
 def _version(manifest: Mapping[str, Any]) -> str:
     digest = str(manifest.get("training_data", {}).get("sha256", ""))[:8]
-    return f"{manifest.get('kind')}-{manifest.get('method')}-{time.strftime('%Y%m%d%H%M%S')}-{digest}"
+    kind, method = manifest.get("kind"), manifest.get("method")
+    name = kind if method in (None, kind) else f"{kind}-{method}"  # a heuristic is named once
+    return f"{name}-{time.strftime('%Y%m%d%H%M%S')}-{digest}"
 
 
 def _progress(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="training", unit=" steps", file=sys.stderr)
+    # a step: one fold's boosters, a tuning or a replay, then the final fit
+    return progress_bar(
+        total, desc="train (fold fits, tunings, replays, final fit)", unit=" steps", enabled=enabled
+    )
 
 
 # --------------------------------------------------------------------------- CLI

@@ -33,6 +33,7 @@ import numpy.typing as npt
 from stopserve.errors import TrainingError
 from stopserve.evidence import DEFAULT_EVIDENCE, Evidence, stall
 from stopserve.features import FEATURE_NAMES, RunState
+from stopserve.progress import progress as _progress
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Event, Trace, is_decision_point, read_traces
 
@@ -441,11 +442,7 @@ def decision_part(
     every_costed_has_usd = True
     any_usd = False
 
-    iterator: Iterable[Trace] = traces
-    if progress:
-        from tqdm import tqdm
-
-        iterator = tqdm(traces, desc="decision points", unit=" traces", file=sys.stderr)
+    iterator = _progress(traces, desc="decision points", unit=" traces", enabled=progress)
 
     for ti, trace in enumerate(iterator):
         state = RunState(topology=trace.topology, budget=trace.budget)
@@ -689,7 +686,7 @@ def load_decision_points(
 ) -> DecisionPoints:
     """:func:`build_decision_points` over trace files, streamed (one trace in memory at a time)."""
     return build_decision_points(
-        read_traces(paths),
+        read_traces(paths, errors="all"),  # every bad trace listed, as validate does
         cost_unit=cost_unit,
         labels_from_rewards=labels_from_rewards,
         group_by=group_by,
@@ -725,7 +722,7 @@ def features_command(args: argparse.Namespace) -> int:
         args.traces,
         cost_unit=args.cost_unit,
         labels_from_rewards=args.labels_from_rewards,
-        progress=False,
+        progress=not args.no_progress,
     )
     write_features_csv(dp, args.output)
     return 0

@@ -12,7 +12,6 @@ the decision points' labels; a run the policy never stops gets its logged end.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
@@ -21,6 +20,7 @@ import numpy as np
 from stopserve.errors import TrainingError
 from stopserve.features import RunState
 from stopserve.policy import Policy
+from stopserve.progress import progress as _progress
 from stopserve.trace import Trace
 from stopserve.training.heuristics import Replay
 from stopserve.training.labels import DecisionPoints, FloatArray, IntArray, fold_events
@@ -119,11 +119,7 @@ def replay_stops(
     n_traces = int(offsets.shape[0] - 1)
     scores = {} if X is None else _batch_scores(X, offsets, policies_for)
     out: IntArray | None = None
-    iterator: Iterable[Trace] = traces
-    if progress:
-        from tqdm import tqdm
-
-        iterator = tqdm(traces, total=n_traces, desc="replay", unit=" traces", file=sys.stderr)
+    iterator = _progress(traces, total=n_traces, desc="replay", unit=" traces", enabled=progress)
     n = 0
     for i, trace in enumerate(iterator):
         if i >= n_traces:

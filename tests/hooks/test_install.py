@@ -95,3 +95,21 @@ def test_is_ours_knows_our_command_and_nothing_else() -> None:
     assert not is_ours({"command": "python3 my_stopserve_hook.py"})
     assert not is_ours({"command": "echo stopserve hooked"})
     assert not is_ours("stopserve hook codex")
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "codex"])
+def test_uninstall_into_a_file_of_ours_alone_leaves_no_empty_hooks(harness: str, tmp_path: Path) -> None:
+    assert main(["hook", "install", harness, "--project", str(tmp_path)]) == 0
+    path = settings_path(harness, tmp_path)
+    assert main(["hook", "uninstall", harness, "--project", str(tmp_path)]) == 0
+    assert json.loads(path.read_text()) == {}
+
+
+@pytest.mark.parametrize("url", ["not-a-url", "127.0.0.1:8080", "ftp://host/", "http://", "http://h:99999"])
+def test_install_refuses_a_url_that_is_no_service_url(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["hook", "install", "claude-code", "--project", str(tmp_path), "--url", url]) == 2
+    err = capsys.readouterr().err
+    assert f"--url {url!r}" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not settings_path("claude-code", tmp_path).exists()

@@ -207,7 +207,10 @@ def test_config_only_file_and_malformed_runs_are_skipped(tmp_path: Path, capsys)
         folder / "ic_sql_multiturn_gpt-3.5_10_turns.json", {"0": good, "1": short, "2": wrong, "3": good}
     )
     out = tmp_path / "out.jsonl"
-    assert main(["import", "intercode", str(tmp_path), "-o", str(out), "--no-progress"]) == 1
+    # the rest is written: exit 0 with the skips listed; --strict makes any skip exit 1
+    assert main(["import", "intercode", str(tmp_path), "-o", str(out), "--no-progress", "--strict"]) == 1
+    capsys.readouterr()
+    assert main(["import", "intercode", str(tmp_path), "-o", str(out), "--no-progress"]) == 0
     captured = capsys.readouterr()
     assert "imported 2 traces" in captured.out and "skipped 3" in captured.out
     assert f"skipped: {config}: holds only a run configuration (data_path, env, image_name)" in captured.err
@@ -335,10 +338,55 @@ def test_real_cli_imports_a_model_folder(intercode_dir: Path, tmp_path: Path, ca
 @pytest.mark.slow
 def test_real_whole_data(intercode_dir: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "ic.jsonl"
-    assert main(["import", "intercode", str(intercode_dir), "-o", str(out), "--no-progress"]) == 1
+    assert main(["import", "intercode", str(intercode_dir), "-o", str(out), "--no-progress"]) == 0
     summary = capsys.readouterr().out
     runs = sum(len(_runs(p)) for p in intercode_dir.rglob("*.json.gz"))
     # one plan-and-solve run logs a reward but no action (an empty plan): skipped, named
     assert f"imported {runs - 1} traces" in summary and "skipped 1 (1x lists differ in length" in summary
     traces = list(read_traces(out, strict=True))
     assert len({t.trace_id for t in traces}) == len(traces) == runs - 1
+
+
+# --------------------------------------------------------------------------- published Python and CTF logs
+
+PUBLISHED = Path(__file__).parent / "data" / "intercode"
+
+
+def test_published_python_and_ctf_logs_import(tmp_path: Path, capsys) -> None:
+    """Runs cut from InterCode's own published logs (tests/importers/data/README.md): a ``null``
+    ``valid_action`` (Python) or none at all (CTF's 25-turn logs) means "not checked"."""
+    out = tmp_path / "ic.jsonl"
+    assert main(["import", "intercode", str(PUBLISHED), "-o", str(out), "--no-progress", "--strict"]) == 0
+    assert "imported 7 traces" in capsys.readouterr().out
+    assert main(["validate", str(out)]) == 0
+    traces = {t.trace_id: t for t in read_traces(out)}
+
+    py = traces["intercode-python/gpt-4/ic_python_multiturn_gpt-4_7_turns/6"]
+    assert py.system == "intercode-python/gpt-4"  # the file names gpt-4, though it sits in gpt-3.5/
+    uses = [e for e in py.events if e.type == "tool_use"]
+    returns = [e for e in py.events if e.type == "return"]
+    assert len(uses) == 7 and all(e.error is None and e.tool == "python" for e in uses)  # not checked
+    assert all(e.error for e in returns)  # "Error executing action: invalid syntax"
+    assert py.stop is not None and py.stop.reason == "budget_exhausted" and py.rewards == {"team": 0.0}
+    solved = traces["intercode-python/gpt-3.5/ic_python_multiturn_gpt-3.5_7_turns/107"]
+    assert [e.grade for e in solved.events if e.type == "return"] == [0.0, 1.0]
+    assert [e.error for e in solved.events if e.type == "return"] == [False, False]
+    assert solved.stop is not None and solved.stop.reason == "quality_met"
+
+    ctf = traces["intercode-ctf/gpt-4/ic_ctf_multiturn_gpt-4_10_turns/19"]
+    assert [e.error for e in ctf.events if e.type == "tool_use"] == [True, True, False, False]
+    assert [e.error for e in ctf.events if e.type == "return"] == [True, True, False, False]
+    assert ctf.task_id == "intercode-ctf/ic_ctf/19" and ctf.rewards == {"team": 1.0}
+    unchecked = traces["intercode-ctf/gpt-4/ic_ctf_gpt-4_25_turns/2"]
+    assert all(e.error is None for e in unchecked.events if e.type == "tool_use")
+    assert [e.error for e in unchecked.events if e.type == "return"] == [True, True, False, False, False]
+    assert unchecked.stop is not None and unchecked.stop.reason == "quality_met"
+    assert unchecked.metrics["turns_max"] == 15
+
+
+def test_a_valid_action_that_is_no_boolean_names_where(tmp_path: Path, capsys) -> None:
+    run = a_run(["SHOW TABLES"], ["[]"], [0.0], ["yes"])  # type: ignore[list-item]
+    path = write(tmp_path / "sql" / "gpt-4" / "ic_sql_multiturn_gpt-4_10_turns.json", {"0": run})
+    assert main(["import", "intercode", str(path), "-o", str(tmp_path / "o.jsonl"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "0.turn_history.valid_action[0]: expected true, false or null, got 'yes'" in err

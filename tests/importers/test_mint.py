@@ -269,7 +269,7 @@ def test_malformed_lines_are_skipped_and_counted(tmp_path: Path, capsys) -> None
     out = tmp_path / "out.jsonl"
     rc = main(["import", "mint", str(tmp_path), "-o", str(out), "--no-progress"])
     captured = capsys.readouterr()
-    assert rc == 1
+    assert rc == 0  # the rest was written; --strict would exit 1
     assert "imported 2 traces" in captured.out and "skipped 4" in captured.out
     assert f"{path}:2: not valid JSON" in captured.err
     assert f"{path}:3: state.history[0].role: role 'system' is not user or assistant" in captured.err
@@ -307,7 +307,7 @@ def test_path_layout(tmp_path: Path, capsys) -> None:
     assert main(["import", "mint", str(stray), "-o", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert str(stray) in err and "does not follow the MINT layout" in err and "Traceback" not in err
-    assert main(["import", "mint", str(tmp_path), "-o", str(out), "--no-progress"]) == 1
+    assert main(["import", "mint", str(tmp_path), "-o", str(out), "--no-progress"]) == 0
     captured = capsys.readouterr()
     assert "imported 1 traces" in captured.out and f"skipped: {stray}: path does not follow" in captured.err
     assert [t.trace_id for t in read_traces(out)] == ["mint/gpt-4-0613/None/gsm8k/7"]

@@ -22,5 +22,5 @@ def test_missing_framework_names_the_extra(
     monkeypatch.delitem(sys.modules, module, raising=False)
     with pytest.raises(ImportError) as err:
         importlib.import_module(module)
-    assert "pip install 'stopserve[integrations]'" in str(err.value)
+    assert "pip install -e '.[integrations]'" in str(err.value)
     assert package in str(err.value)

@@ -342,3 +342,37 @@ def test_concurrent_retries_of_one_run_are_serialized(client: TestClient, tmp_pa
     assert len(answers) == 8 and {a["turn"] for a in answers} == {1}
     assert sorted(a["events_accepted"] for a in answers) == [0] * 7 + [2]
     assert len(lines(tmp_path / "logs" / "decisions.jsonl")) == 1
+
+
+def test_the_wrong_method_on_a_post_route_is_405_not_a_run_id_error(client: TestClient) -> None:
+    for path in ("/v1/runs/x/decide", "/v1/runs/x/outcome"):
+        for method in ("GET", "DELETE", "PUT"):
+            r = client.request(method, path)
+            assert r.status_code == 405, (method, path, r.text)
+            assert r.json()["error"]["type"] == "method_not_allowed" and "POST" in r.headers["allow"]
+    assert client.get("/v1/runs/x").json()["error"]["type"] == "run_not_found"
+    assert client.get("/v1/runs/x/credit").status_code == 404
+    assert client.get("/v1/runs/a%2Fb").status_code == 422  # an id with a slash is still refused
+    paths = client.get("/openapi.json").json()["paths"]
+    assert set(paths["/v1/runs/{run_id}/decide"]) == {"post"}
+
+
+def test_metrics_count_rejected_requests_by_status(tmp_path: Path) -> None:
+    def rejected(c: TestClient) -> dict[str, float]:
+        counts: dict[str, float] = {}
+        for line in c.get("/metrics").text.splitlines():
+            if line.startswith("stopserve_rejected_requests_total{"):
+                status = line.split('status="')[1].split('"')[0]
+                counts[status] = float(line.rsplit(" ", 1)[1])
+        return counts
+
+    with make_client(tmp_path, max_body_bytes=2048) as c:
+        assert rejected(c) == {}
+        c.post("/v1/runs/r1/decide", json={"events": turn_events(0)})
+        assert c.post("/v1/runs/r1/outcome", json={"rewards": {"team": 1.0}}).status_code == 200
+        assert c.post("/v1/runs/r1/decide", json={"events": turn_events(1)}).status_code == 409  # closed
+        assert c.post("/v1/runs/r2/decide", content=b"x" * 5000).status_code == 413  # too large
+        assert c.post("/v1/runs/r2/decide", json={"events": [{"id": "a"}]}).status_code == 422
+        assert c.get("/v1/runs/x/decide").status_code == 405
+        assert c.get("/v1/runs/nobody").status_code == 404
+        assert rejected(c) == {"409": 1.0, "413": 1.0, "422": 1.0, "405": 1.0, "404": 1.0}

@@ -8,7 +8,8 @@ from typing import Any
 from test_service_app import lines, make_client, turn_events
 
 from stopserve.features import RunState
-from stopserve.service.store import Evicted, MemoryRunStore, Run
+from stopserve.service.memory_store import MemoryRunStore
+from stopserve.service.store import Evicted, Run
 
 
 def run_events(n: int) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from stopserve.features import RunState
-from stopserve.service.store import Evicted, MemoryRunStore, Run
+from stopserve.service.memory_store import MemoryRunStore
+from stopserve.service.store import Evicted, Run
 
 
 class Clock:

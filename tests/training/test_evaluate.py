@@ -191,3 +191,28 @@ def test_import_train_evaluate_end_to_end_on_real_runs(
     assert report["policies"]["learned"]["kind"] in ("model", "heuristic")
     assert report["policies"]["oracle"]["value"] >= report["policies"]["learned"]["value"]
     assert chart.stat().st_size > 1000
+
+
+def test_the_pareto_chart_says_its_axis_is_relative_and_draws_no_empty_sweep() -> None:
+    pytest.importorskip("matplotlib")
+    from stopserve.training.evaluate import pareto_figure
+
+    point = {"cost": 1.19, "success": 0.25}
+    report = {
+        "cost_unit": "ktokens",
+        "cost_normalised": True,
+        "cost_share": 0.3,
+        "n_traces": 12,
+        "policies": {"learned": point, "behavior": {"cost": 1.0, "success": 0.25}, "oracle": point},
+        "sweeps": {
+            "learned": [dict(point) for _ in range(9)],  # a shipped heuristic ignores the cost weight
+            "turn_cap": [{"cost": 0.3, "success": 0.08}, {"cost": 1.05, "success": 0.25}],
+        },
+    }
+    fig = pareto_figure(report)
+    (ax,) = fig.axes
+    assert "relative" in ax.get_xlabel() and "(ktokens" not in ax.get_xlabel()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "learned (cost-weight sweep)" not in legend and "turn_cap (parameter sweep)" in legend
+    report["cost_normalised"] = False
+    assert pareto_figure(report).axes[0].get_xlabel() == "mean cost (ktokens)"

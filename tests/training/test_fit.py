@@ -114,6 +114,12 @@ def test_too_little_data_ships_the_heuristic_and_says_so_plainly(capsys: pytest.
         assert "NEVER STOPS A RUN ON ITS OWN" in notes
 
 
+def test_the_model_version_names_its_kind_and_method_once() -> None:
+    learner = PolicyLearner(**FAST).fit(synth_traces(3, seed=1))  # too little data: a heuristic ships
+    version = learner.manifest_["model_version"]
+    assert version.startswith("heuristic-") and "heuristic-heuristic" not in version
+
+
 def test_optimal_method_fits_c_and_serves_it(traces: list[Trace], tmp_path: Path) -> None:
     learner = PolicyLearner(lam=2.0, method="optimal", **FAST).fit(traces[:100])
     if learner.chosen_ == "learned":

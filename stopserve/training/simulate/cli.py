@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Final
 
 from stopserve.errors import ConfigError
+from stopserve.progress import progress
 from stopserve.trace import TraceWriter
 from stopserve.training.simulate.generate import DEFAULT_NOISE, simulate
 
@@ -37,7 +38,10 @@ def simulate_command(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with TraceWriter(out) as writer:
         writer.write(first)  # validated, like every VALIDATE_EVERY-th trace: a cheap guard
-        for i, trace in enumerate(traces, start=1):
+        rest = progress(
+            traces, desc="simulate", unit=" traces", total=args.n - 1, enabled=not args.no_progress
+        )
+        for i, trace in enumerate(rest, start=1):
             writer.write(trace, validate=i % VALIDATE_EVERY == 0)
     elapsed = time.perf_counter() - start
     print(f"wrote {writer.count} traces to {out} in {elapsed:.1f}s", file=sys.stderr)

@@ -3,8 +3,9 @@
 Start the service first (``stopserve serve``: port 8080, or set ``STOPSERVE_URL``), then
 ``python examples/autogen_team.py``. Offline: each agent's model is autogen-ext's
 ``ReplayChatCompletionClient``, which answers with a scripted list of replies (no API key,
-no network). The critic gives the same reply every time: stopserve's loop detector ends
-the run (``repeated_reply``). Swap in your own model clients.
+no network). The coder resubmits the same draft and the critic gives the same reply every
+time: stopserve's loop detector ends the run (the exchange repeats). Swap in your own model
+clients.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from stopserve.integrations.autogen import StopServeTermination
 
 URL = os.environ.get("STOPSERVE_URL", "http://127.0.0.1:8080")
 
-# scripted, offline models: a coder revising its draft, a critic repeating itself
-coder = AssistantAgent("coder", model_client=ReplayChatCompletionClient([f"def parse(s):  # draft {i}" for i in range(60)]))
+# scripted, offline models: a coder stuck on one draft, a critic repeating itself
+coder = AssistantAgent("coder", model_client=ReplayChatCompletionClient(["def parse(s):  # draft 1"] * 60))
 critic = AssistantAgent("critic", model_client=ReplayChatCompletionClient(["Please handle the empty string."] * 60))
 
 
@@ -30,7 +31,7 @@ async def main() -> None:
     stop = StopServeTermination(URL, budget={"max_usd": 2.0})
     team = RoundRobinGroupChat([coder, critic], termination_condition=stop | MaxMessageTermination(50))
     result = await team.run(task="Fix the failing test in utils.py")
-    print(result.stop_reason)  # "stopserve: stop (loop_detected, repeated_reply), ..." when stopserve ended it
+    print(result.stop_reason)  # "stopserve: stop (loop_detected, ...), ..." when stopserve ended it
     await stop.outcome({"team": 1.0})
     await stop.aclose()
 

@@ -264,6 +264,17 @@ class DecideResponse(BaseModel):
     rule: str | None = Field(
         default=None, description="Which base rule of the policy stopped the run, if any."
     )
+    message: str | None = Field(
+        default=None, description="What fired (or what a model overruled, or why no stop may come), in words."
+    )
+    proposal: Literal["accepted", "overruled", "vetoed", "refused"] | None = Field(
+        default=None,
+        description=(
+            "What became of a proposed stop: accepted (stop), overruled (a model keeps the run going), "
+            "vetoed (before min_turns), refused (the policy does not take proposed stops: its rules and "
+            "its value decide)."
+        ),
+    )
     limit: Literal["turns", "seconds", "tokens", "usd"] | None = None
     pattern: str | None = Field(default=None, description="Loop pattern, when the loop detector fired.")
     finalize: bool = Field(description="True on stop: produce your best final answer now.")

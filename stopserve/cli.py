@@ -302,6 +302,32 @@ def build_parser() -> argparse.ArgumentParser:
         "docs/training.md; the shipped default). Default: value",
     )
     p.add_argument(
+        "--evidence",
+        type=_evidence,
+        metavar="REPEAT,QUIET,REWARD",
+        help="with --stop-on evidence: what counts as a stall: a loop pattern REPEAT times in a row, "
+        "QUIET steps with nothing new, REWARD steps with no better reward (0 turns one off). Default: 2,3,4",
+    )
+    p.add_argument(
+        "--max-value-loss",
+        type=_non_negative_float,
+        metavar="X",
+        help="tune margins and choose the heuristic family so that, in every data set (--group-by "
+        "dataset: every system), the mean value falls at most X below the logged runs'. Default: off",
+    )
+    p.add_argument(
+        "--max-success-loss",
+        type=_non_negative_float,
+        metavar="X",
+        help="likewise for the mean quality handed back (0.01: one point of success). Default: off",
+    )
+    p.add_argument(
+        "--inner-cv",
+        action="store_true",
+        help="tune each fold's margins on all its training groups by nested cross-fitting, not on a "
+        "held-out quarter of them (slower; for few groups, e.g. a model across systems)",
+    )
+    p.add_argument(
         "--censored",
         choices=("auto", "horizon", "unknown"),
         default="auto",
@@ -506,6 +532,19 @@ def _no_progress(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-progress", action="store_true", help="no progress bar (shown on stderr, on a terminal only)"
     )
+
+
+def _evidence(text: str) -> Any:
+    from stopserve.evidence import Evidence
+
+    parts = text.split(",")
+    try:
+        numbers = [int(x) for x in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) != 3 or min(numbers) < 0:
+        raise argparse.ArgumentTypeError(f"expected three whole numbers >= 0 like 2,3,4, got {text!r}")
+    return Evidence(*numbers)
 
 
 def _auto_or_int(text: str) -> str | int:

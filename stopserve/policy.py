@@ -88,7 +88,10 @@ class StopDecision:
     only under ε-exploration), ``safety_net`` names the part of the safety config that
     fired (a budget, the loop detector, ``quality_met``; its ``limit``/``pattern`` when
     relevant), ``rule`` the policy's base rule that stopped the run, ``message`` says in
-    words what fired (or what a model overruled), ``degraded`` is True when the model
+    words what fired (or what a model overruled), ``proposal`` what became of a proposed stop
+    (``accepted``: the run stops; ``overruled``: a model keeps it going, its value of going on
+    clearing its margin; ``vetoed``: before ``min_turns``; ``refused``: this policy does not
+    take proposed stops, its rules and its value decide), ``degraded`` is True when the model
     could not be evaluated and only the nets and the rules decided. ``v_stop`` is the
     value of continuing V (quality units), ``cost_to_go`` the expected cost still to
     come (cost units).
@@ -110,6 +113,7 @@ class StopDecision:
     degraded: bool = False
     rule: str | None = None
     message: str | None = None
+    proposal: Literal["accepted", "overruled", "vetoed", "refused"] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data."""
@@ -460,6 +464,7 @@ class Policy:
                 finalize=True,
                 model_version=version,
                 message=net.message,
+                proposal="accepted" if proposed_stop else None,
             )
         v: float | None = None
         s: float | None = None
@@ -491,6 +496,7 @@ class Policy:
             *,
             net: bool = False,
             message: str | None = None,
+            proposal: Literal["overruled", "vetoed", "refused"] | None = None,
         ) -> StopDecision:
             pattern = None if by is None else by.pattern
             if action == "stop" and pattern is None:
@@ -512,6 +518,7 @@ class Policy:
                 degraded=degraded,
                 rule=None if by is None or net else (self.rule_name or by.name),
                 message=message if message is not None else (None if by is None else by.message),
+                proposal=None if not proposed_stop else "accepted" if action == "stop" else proposal,
             )
 
         # the rules that fire now, in order: the config's (loop detector, then quality_met), the
@@ -539,6 +546,7 @@ class Policy:
                     None,
                     message=f"{names} overruled: the value of going on {v:.3g} > the continue margin "
                     f"{self.margin_continue:.3g}",
+                    proposal="overruled",
                 )
             kind, stop, _ = (hard or fired)[0]
             if kind == "proposed":
@@ -546,21 +554,28 @@ class Policy:
             assert stop is not None
             return answer("stop", stop.reason, by=stop, net=kind != "rule")
         if not allowed:
-            return answer("continue", None)
+            return answer(
+                "continue",
+                None,
+                message=f"before min_turns ({cfg.effective_min_turns}) only a budget or a loop may stop the run",
+                proposal="vetoed",
+            )
         if v is not None and turn >= self.min_turns and v < -self.margin_stop:
             evidence = stall(state, self.evidence) if self.stop_on_evidence else "—"
             if evidence is None:
-                return answer("continue", None)
+                return answer("continue", None, proposal="refused")
             why = f"the value of going on {v:.3g} < minus the stop margin {self.margin_stop:.3g}"
             if self.stop_on_evidence:
                 why += f"; the run shows a stall: {evidence}"
             if epsilon > 0.0:
                 draw = (rng or random).random()
                 if draw < epsilon:
-                    return answer("continue", None, propensity=epsilon, message=f"explored: {why}")
+                    return answer(
+                        "continue", None, propensity=epsilon, message=f"explored: {why}", proposal="refused"
+                    )
                 return answer("stop", MODEL_STOP_REASON, propensity=1.0 - epsilon, message=why)
             return answer("stop", MODEL_STOP_REASON, message=why)
-        return answer("continue", None)
+        return answer("continue", None, proposal="refused")
 
 
 def _margin(value: float | None) -> float:

@@ -129,12 +129,15 @@ class LoopConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = True
-    repeated_action_observation: int = Field(default=4, ge=0)
-    repeated_action_error: int = Field(default=3, ge=0)
-    monologue: int = Field(default=3, ge=0)
-    alternating_actions: int = Field(default=6, ge=0)
-    repeated_cycle: int = Field(default=3, ge=0)
-    repeated_reply: int = Field(default=3, ge=0)
+    # above OpenHands' (4, 3, 3, 6): a loop must show itself six times before the rule ends a run
+    # (docs/safety.md: on held-out systems the lower ones cut runs that came back); the default
+    # model stops a loop in progress earlier where its value says so (stopserve.evidence)
+    repeated_action_observation: int = Field(default=6, ge=0)
+    repeated_action_error: int = Field(default=6, ge=0)
+    monologue: int = Field(default=4, ge=0)
+    alternating_actions: int = Field(default=8, ge=0)
+    repeated_cycle: int = Field(default=6, ge=0)
+    repeated_reply: int = Field(default=4, ge=0)
 
     @field_validator("*", mode="before")
     @classmethod

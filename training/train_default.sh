@@ -4,25 +4,30 @@
 #   training/train_default.sh            # from the repository root, after `pip install -e '.[all]'`,
 #                                        # with the shared data at ../shared/data
 #
-# Corpus: the TRAINING side of every real set we have (held-out sides stay out, so
-# docs/training.md and bench/RESULTS.md can measure the default on them), balanced so no
-# system dominates, plus simulated runs of six topologies:
-#   - SWE-bench Verified runs, mini-swe-agent + gemini-3-pro: the django runs (all);
-#   - MINT, 24 models x 6 task families, one- and two-agent: MINT_N runs of the training tasks;
-#   - InterCode SQL and Bash, 4 models x 3 prompting strategies: IC_N runs of the training tasks;
-#   - `stopserve simulate --run-to-cap`: SIM_N runs.
-# Trained to transfer to systems it has never seen (docs/training.md, "The default model"):
-#   --cost-scale per-run   costs normalised per data set; served, lambda comes from each run's own
-#                          expected total cost, so a 1k-token system and a 1M-token one weigh alike
-#   --features scale-free  no absolute sizes (tokens, dollars, seconds) and no topology
-#   --cost-share 0.3       "a whole run costs 30% of what a success is worth" (a request can say otherwise)
-# and its base rule can only be a reward threshold or the loop detector (no turn or cost cap).
+# The default is for systems it has never seen, so it is judged, and every margin, family and
+# guard decision behind it is made, with whole SYSTEMS held out (docs/training.md, "The default
+# model"). Corpus: every real run we have, one system per agent scaffold on one benchmark, each
+# labelled with its system (stopserve.training.corpus.system_family) so `--group-by dataset`
+# holds whole systems out:
+#   - mini-swe-agent on SWE-bench Verified (gemini-3-pro): all 306 runs;
+#   - MINT, one agent / with dense feedback / with sparse feedback: MINT_N runs each (all sparse ones);
+#   - InterCode SQL: IC_N runs; InterCode Bash: all;
+#   - `stopserve simulate` (behavior-logged), SIM_N runs: six systems, one per topology.
+# How it is trained:
+#   --cost-scale per-run --cost-share 0.3   cost in each run's own turn-equivalents; a cost share, not a
+#                                           lambda per token: a 1k-token system and a 1M-token one alike
+#   --features scale-free                   no absolute sizes, no topology, no budget shares (a corpus's cap)
+#   --rules fixed                           the loop detector and quality_met always stop (not overruled)
+#   --stop-on evidence --evidence 3,4,5     the model stops a run only where the run shows a stall
+#   --censored unknown                      runs cut at a cap do not teach "nothing more to gain"
+#   --group-by dataset --folds 12 --inner-cv   leave one system out, margins tuned on held-out systems
+#   --max-value-loss 0.005 --max-success-loss 0.01   no system may lose value or success to the logged runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-../shared/data}
 OUT=${OUT:-models/default}
-MINT_N=${MINT_N:-4000}
-IC_N=${IC_N:-4000}
+MINT_N=${MINT_N:-1500}
+IC_N=${IC_N:-3000}
 SIM_N=${SIM_N:-2000}
 SEED=${SEED:-0}
 work=$(mktemp -d)
@@ -31,21 +36,34 @@ trap 'rm -rf "$work"' EXIT
 python - "$SHARED" "$work" "$MINT_N" "$IC_N" <<'PY'
 import sys
 from pathlib import Path
-from stopserve.training.corpus import REAL_SETS, import_set, split_file, subsample_file
+
+import orjson
+
+from stopserve.training.corpus import REAL_SETS, import_set, label_systems, subsample_file
 
 shared, work, mint_n, ic_n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-limits = {"swe": None, "mint": mint_n, "intercode": ic_n}
-for name, spec in REAL_SETS.items():
-    full = import_set(name, shared, work / "imported")
-    train, test = work / f"{name}-train.jsonl", work / f"{name}-test.jsonl"
-    n_train, n_test = split_file(full, train, test, spec.split_by)
-    kept = n_train if limits[name] is None else subsample_file(train, train, limits[name])
-    print(f"{name}: {n_train} training runs ({kept} kept), {n_test} held out", file=sys.stderr)
+caps = {"mint": mint_n, "mint-feedback": mint_n, "intercode-sql": ic_n}
+(work / "corpus").mkdir()
+for name in REAL_SETS:
+    labelled = work / f"{name}.jsonl"
+    label_systems(import_set(name, shared, work / "imported"), labelled)
+    by_system: dict[str, list[bytes]] = {}
+    for line in labelled.read_bytes().splitlines():
+        if line.strip():
+            by_system.setdefault(orjson.loads(line)["system"].split("/", 1)[0], []).append(line)
+    for system, lines in sorted(by_system.items()):
+        path = work / "corpus" / f"{system}.jsonl"
+        path.write_bytes(b"\n".join(lines) + b"\n")
+        kept = subsample_file(path, path, caps[system]) if system in caps else len(lines)
+        print(f"{system}: {len(lines)} runs, {kept} kept", file=sys.stderr)
 PY
-stopserve simulate --n "$SIM_N" --seed 10 --run-to-cap -o "$work/sim-train.jsonl"
+stopserve simulate --n "$SIM_N" --seed 10 -o "$work/sim-raw.jsonl" --no-progress
+python -c "import sys; from pathlib import Path; from stopserve.training.corpus import label_systems; \
+print(label_systems(Path(sys.argv[1]), Path(sys.argv[2])), file=sys.stderr)" "$work/sim-raw.jsonl" "$work/corpus/sim.jsonl"
 
-stopserve train "$work/swe-train.jsonl" "$work/mint-train.jsonl" "$work/intercode-train.jsonl" \
-  "$work/sim-train.jsonl" -o "$work/model" --cost-scale per-run --cost-share 0.3 --features scale-free \
+stopserve train "$work"/corpus/*.jsonl -o "$work/model" --cost-scale per-run --cost-share 0.3 \
+  --features scale-free --method behavior --rules fixed --stop-on evidence --evidence 3,4,5 \
+  --censored unknown --group-by dataset --folds 12 --inner-cv --max-value-loss 0.005 --max-success-loss 0.01 \
   --seed "$SEED" --no-progress
 
 # record how the model was made in its manifest (and so in the generated, hashed MODEL_CARD.md)
@@ -59,24 +77,27 @@ manifest = {k: v for k, v in art.manifest.items() if k not in ("format", "files"
 data = dict(manifest.get("training_data") or {})
 data["command"] = f"MINT_N={mint_n} IC_N={ic_n} SIM_N={sim_n} SEED={seed} training/train_default.sh"
 data["sources"] = (
-    "training sides only (stopserve.training.corpus): SWE-bench Verified django runs (mini-swe-agent, "
-    f"gemini-3-pro); MINT, {mint_n} runs of the training tasks (24 models, 6 task families, one- and "
-    f"two-agent); InterCode SQL and Bash, {ic_n} runs of the training tasks (4 models, 3 strategies); "
-    f"{sim_n} simulated runs (stopserve simulate --run-to-cap --seed 10, six topologies)"
+    "twelve systems (stopserve.training.corpus.system_family), every one held out whole in turn: "
+    "SWE-bench Verified, mini-swe-agent + gemini-3-pro (306 runs); MINT one agent, with dense and with "
+    f"sparse feedback (up to {mint_n} runs each; 24 models, 6 task families); InterCode SQL (up to {ic_n} "
+    f"runs) and Bash (all; 4 models, 3 strategies); {sim_n} simulated runs (stopserve simulate --seed 10, "
+    "behavior-logged), a system per topology"
 )
 data["objective"] = (
     "cost share 0.3 (a whole run costs 30% of what a success is worth), per run: lambda comes from each "
     "run's own expected total cost, so a request's cost_share or lambda moves the trade-off"
 )
 data["good_for"] = (
-    "systems it has not seen: stopping stalled runs (repeated results, errors, wrong answers) earlier "
-    "than the loop detector, stopping when a quality reward says the work is good enough (base rule: a "
-    "reward threshold, overruled while the run still improves), leaving productive runs alone"
+    "systems it has not seen. It stops a run only on evidence the run itself shows: a budget (500 "
+    "steps, 4 hours), a loop (the same action and result, or the same failing action, six times; a "
+    "reply or an exchange repeated with nothing new), a quality reward of 1.0, or, by its learned "
+    "value, a run that stalls (a pattern repeated three times, four steps with nothing new, five steps "
+    "with no better reward) and that runs like it rarely finish well. A proposed stop is not taken as a "
+    "reason to stop; a run that keeps doing new things and reports no reward is never stopped by the model"
 )
 data["not_good_for"] = (
-    "your own system's costs and success rates: it reads no token, dollar or time sizes and no topology; "
-    "train your own with `stopserve train` on your traces (it ships only if it beats the heuristics "
-    "tuned on them). Runs with no reward signal (like the SWE runs) get little from it beyond the nets"
+    "saving much on your system: it is cautious by design (a premature stop costs a whole run). Train your "
+    "own with `stopserve train` on your traces (it ships only if it beats the heuristics tuned on them)"
 )
 manifest["training_data"] = data
 save_model_dir(path, manifest, art.models)

@@ -76,6 +76,8 @@ _DECISION_KEYS: Final = (
     "pattern",
     "limit",
     "degraded",
+    "proposal",
+    "message",
 )
 
 
@@ -435,7 +437,9 @@ def _answer(
             st.pop("ended", None)
         if decision is None:
             return None
-        if decision["action"] == "stop":
+        if decision["action"] == "stop" or decision.get("proposal") == "refused":
+            # refused: the policy takes no proposed stop as a reason to stop, and has none to go on
+            # (no model keeps the run going, no min_turns): the agent's own stop stands
             st["blocks"] = 0
             record["outcome"] = "allow"
             return None

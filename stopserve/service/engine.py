@@ -951,6 +951,8 @@ def _decision_fields(d: StopDecision) -> dict[str, Any]:
         "propensity": d.propensity,
         "degraded": d.degraded,
         "rule": d.rule,
+        "message": d.message,
+        "proposal": d.proposal,
     }
 
 

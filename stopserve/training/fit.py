@@ -753,6 +753,9 @@ class PolicyLearner:
                 }
                 for d in np.unique(st.dp.dataset)
             },
+            # each data set's runs as the cross-validated policies decided them (with --group-by
+            # dataset: decided by a policy fitted and tuned without that data set)
+            "by_dataset_figures": _by_dataset(st.dp, reps, ("learned", best_heur, "behavior", "oracle")),
             "fold_choices": fold_choice,
         }
         if final_tuned is not None:
@@ -958,7 +961,7 @@ class PolicyLearner:
                 fires,
                 st.lam_value,
                 min_turns=st.min_turns,
-                strata=_strata(dp, st.per_run),
+                strata=_strata(dp, st.per_run or self.floors is not None),
                 overrules=st.overrules,
                 stall=self._stall(st, dp),
                 floors=self.floors,
@@ -1027,7 +1030,7 @@ class PolicyLearner:
                 fires,
                 st.lam_value,
                 min_turns=st.min_turns,
-                strata=_strata(dp, st.per_run),
+                strata=_strata(dp, st.per_run or self.floors is not None),
                 overrules=st.overrules,
                 stall=stall,
                 floors=self.floors,
@@ -1291,6 +1294,24 @@ def _tuned_dict(t: Tuned) -> dict[str, Any]:
     }
 
 
+def _by_dataset(dp: DecisionPoints, reps: Mapping[str, Replay], names: Sequence[str]) -> dict[str, Any]:
+    """Per data set: runs, runs that ended at a cap, and each policy's value, success and cost."""
+    out: dict[str, Any] = {}
+    for d in np.unique(dp.dataset):
+        mine = dp.dataset == d
+        entry: dict[str, Any] = {"runs": int(mine.sum()), "censored": int(dp.censored[mine].sum())}
+        for n in dict.fromkeys(names):
+            r = reps[n]
+            entry[n] = {
+                "value": float(r.value[mine].mean()),
+                "success": float(r.q[mine].mean()),
+                "cost": float(r.c[mine].mean()),
+                "cost_failed": float(r.c[mine & (dp.trace_q_final < 0.5)].sum()),
+            }
+        out[str(d)] = entry
+    return out
+
+
 def _summary(r: Any) -> dict[str, float]:
     return {"value": r.mean_value, "success": float(r.q.mean()), "cost": float(r.c.mean())}
 
@@ -1362,6 +1383,13 @@ def _train_learner(
         fixed_rules=args.rules == "fixed",
         stop_on=args.stop_on,
         censored=args.censored,
+        evidence=args.evidence,
+        floors=(
+            Floors(value=args.max_value_loss, success=args.max_success_loss)
+            if args.max_value_loss is not None or args.max_success_loss is not None
+            else None
+        ),
+        inner_cv=args.inner_cv,
     ).fit(
         [str(p) for p in args.traces],
         cost_unit=args.cost_unit,

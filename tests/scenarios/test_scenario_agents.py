@@ -96,7 +96,7 @@ def test_text_only_agents_handing_off_where_the_critic_repeats_itself(service: S
         return Scripted(script)
 
     coder = Agent(
-        name="coder", model=speaker("coder", lambda i: f"def parse(s):  # draft {i}", "transfer_to_critic")
+        name="coder", model=speaker("coder", lambda i: "def parse(s):  # draft 1", "transfer_to_critic")
     )
     critic = Agent(name="critic", model=speaker("critic", lambda i: "Please handle ''.", "transfer_to_coder"))
     coder.handoffs = [critic]

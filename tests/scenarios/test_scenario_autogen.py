@@ -1,8 +1,8 @@
 """The stuck loop through AutoGen, with StopServeTermination given nothing but the URL.
 
 Two teams: one agent calling the same tool with the same result every turn, and the docs'
-own text-only ``RoundRobinGroupChat([coder, critic], ...)`` where the critic gives the same
-reply every time. Both must end with "loop" in ``TaskResult.stop_reason``, service up
+own text-only ``RoundRobinGroupChat([coder, critic], ...)`` where the coder resubmits its draft and
+the critic gives the same reply every time. Both must end with "loop" in ``TaskResult.stop_reason``, service up
 (default model) or down (local fallback).
 """
 
@@ -86,7 +86,9 @@ def test_tool_loop(service: Service) -> None:
 
 
 def test_text_only_team_where_the_critic_repeats_itself(service: Service) -> None:
-    coder_model = ReplayChatCompletionClient([text(f"def parse(s):  # draft {i}") for i in range(60)])
+    # the coder resubmits its draft: nothing new comes (a critic repeating itself while the coder
+    # brings new drafts is no loop)
+    coder_model = ReplayChatCompletionClient([text("def parse(s):  # draft 1") for _ in range(60)])
     critic_model = ReplayChatCompletionClient([text("Please handle the empty string.") for _ in range(60)])
     coder = AssistantAgent("coder", model_client=coder_model)
     critic = AssistantAgent("critic", model_client=critic_model)
@@ -95,5 +97,5 @@ def test_text_only_team_where_the_critic_repeats_itself(service: Service) -> Non
     result = run(team, stop)
     check(result, stop, service)
     assert stop.last_decision is not None and stop.last_decision.pattern == "repeated_reply"
-    # the critic's third identical reply: user, coder, critic, coder, critic, coder, critic
+    # the critic's fourth identical reply (the threshold): the last message is the critic's
     assert [m.source for m in result.messages][-1] == "critic"

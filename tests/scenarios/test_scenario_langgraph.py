@@ -1,7 +1,7 @@
 """The stuck loop through LangGraph, with a StopServeRouter given nothing but the URL.
 
 A ReAct graph whose model calls the same tool with the same result every turn, and a
-text-only graph of two agent nodes (coder, critic) where the critic repeats itself. Both
+text-only graph of two agent nodes (coder, critic) where both agents repeat themselves. Both
 must end at the router's stop node with the loop named, service up or down.
 """
 
@@ -69,7 +69,7 @@ def text_graph(router: StopServeRouter) -> Any:
         return node
 
     builder = StateGraph(MessagesState)
-    builder.add_node("coder", speaker("coder", [f"def parse(s):  # draft {i}" for i in range(STEPS)]))
+    builder.add_node("coder", speaker("coder", ["def parse(s):  # draft 1"] * STEPS))  # stuck on one draft
     builder.add_node("critic", speaker("critic", ["Please handle the empty string."] * STEPS))
     builder.add_node("stopserve", router.stop_node)
     builder.add_edge(START, "coder")

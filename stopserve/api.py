@@ -138,6 +138,14 @@ class _DecideFields(_Body):
         description="Safety-net configuration (SafetyConfig JSON), overriding the server's default.",
         examples=[{"max_turns": 50, "max_usd": 5.0}],
     )
+    quality_target: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="The quality reward that means done for this run (quality_met fires at it; with none "
+        "given: 1.0). Kept for the run's later calls.",
+    )
     proposed_stop: bool = Field(default=False, description="The orchestrator wants to stop now.")
     topology: Topology | None = Field(default=None, description="Topology of the run (first call).")
     task_id: str | None = Field(

@@ -374,6 +374,97 @@ def _features(manifest: Mapping[str, Any]) -> str:
     return "all" if len(used) == len(names) else f"{len(used)} of {len(names)} (see manifest features_used)"
 
 
+def _when_it_stops(manifest: Mapping[str, Any]) -> list[str]:
+    """The card's plain-words section: what stops a run served by this policy."""
+    if "overrules" not in manifest:
+        return []
+    safety = manifest.get("safety") if isinstance(manifest.get("safety"), Mapping) else {}
+    loop = safety.get("loop") if isinstance(safety.get("loop"), Mapping) else {}
+    overrules = set(manifest.get("overrules") or [])
+    model = manifest.get("kind") == "model"
+    lines = ["## When it stops a run", ""]
+    caps = [
+        f"{k} {safety[k]:g}" for k in ("max_turns", "max_seconds", "max_tokens", "max_usd") if safety.get(k)
+    ]
+    lines.append(
+        f"- **budgets** (always win): {', '.join(caps) or 'none of its own'}, and the run's own budget"
+    )
+    if loop.get("enabled", True):
+        patterns = ", ".join(f"{k} {v}" for k, v in loop.items() if k != "enabled" and v)
+        may = (
+            "may be overruled by the model where going on pays"
+            if model and "loop" in overrules
+            else "always stops"
+        )
+        lines.append(f"- **the loop detector** ({patterns}): {may}")
+    else:
+        lines.append("- **the loop detector**: off (tuned: it cut runs that paid to go on)")
+    target = safety.get("quality_met", 1.0)
+    if target is None:
+        lines.append("- **quality_met**: off")
+    else:
+        may = "may be overruled" if model and "quality_met" in overrules else "always stops"
+        lines.append(f"- **quality_met**: a quality reward of {target:g} or more {may}")
+    if manifest.get("rule_text") and manifest.get("rule", {}).get("quality_met") is not None:
+        lines.append(f"- **its base rule**: {manifest['rule_text']} (a quality target tuned on your runs)")
+    proposals = manifest.get("proposals", "accept")
+    if proposals == "refuse":
+        lines.append("- **a proposed stop** is not taken as a reason to stop: the rules and the model decide")
+    else:
+        may = ", unless the model expects going on to pay" if model and "proposed" in overrules else ""
+        lines.append(f"- **a proposed stop** is taken{may}")
+    if model:
+        if manifest.get("stop_on") == "evidence":
+            ev = manifest.get("evidence") or {}
+            lines.append(
+                "- **the model** stops a run on its own only where its value of going on is below its "
+                "stop margin AND the run shows a stall: a loop pattern "
+                f"{ev.get('repeat', 2)} times in a row, {ev.get('quiet_steps', 3)} steps with nothing new, "
+                f"or {ev.get('reward_steps', 4)} steps with no better reward. A run that keeps doing new "
+                "things and reports no reward is never stopped by the model"
+            )
+        else:
+            lines.append("- **the model** stops a run where its value of going on is below its stop margin")
+    if manifest.get("censored") == "unknown":
+        lines.append(
+            '- runs that ended at a cap trained only the cost still to come: not "nothing more to gain"'
+        )
+    return [*lines, ""]
+
+
+def _by_dataset_table(cv: Mapping[str, Any]) -> list[str]:
+    """Per data set: the cross-validated policy against the logged runs (value, success, cost saved)."""
+    by = cv.get("by_dataset_figures")
+    if not isinstance(by, Mapping) or not by:
+        return []
+    held_out = cv.get("group_by") == "dataset"
+    lines = [
+        "Each data set as the cross-validated policy decided it"
+        + (" (a policy fitted and tuned without that data set):" if held_out else ":"),
+        "",
+        "| data set | runs | ended at a cap | behavior value | value | oracle | gap closed | success "
+        "lost | cost saved | cost of failed runs saved |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for d, row in by.items():
+        b, lrn, o = row.get("behavior", {}), row.get("learned", {}), row.get("oracle", {})
+        gap = o.get("value", 0) - b.get("value", 0)
+        closed = (lrn.get("value", 0) - b.get("value", 0)) / gap if gap > 1e-12 else None
+        saved = 1 - lrn.get("cost", 0) / b["cost"] if b.get("cost") else None
+        fail = 1 - lrn.get("cost_failed", 0) / b["cost_failed"] if b.get("cost_failed") else None
+        lost = b.get("success", 0) - lrn.get("success", 0)
+        lines.append(
+            f"| {d} | {row.get('runs')} | {row.get('censored')} | {_fmt(b.get('value'))} | "
+            f"{_fmt(lrn.get('value'))} | {_fmt(o.get('value'))} | {_pct(closed)} | {lost * 100:.2f} pt | "
+            f"{_pct(saved)} | {_pct(fail)} |"
+        )
+    return [*lines, ""]
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
 def render_model_card(manifest: Mapping[str, Any]) -> str:
     """The ``MODEL_CARD.md`` text for a manifest (what it is, how it was trained, how good)."""
     kind = manifest.get("kind", "model")
@@ -410,6 +501,7 @@ def render_model_card(manifest: Mapping[str, Any]) -> str:
             "and stops a run the rule lets go on when V < minus the stop margin (`none`: never).",
             "",
         ]
+    lines += _when_it_stops(manifest)
     guard = manifest.get("guard")
     if isinstance(guard, Mapping):
         lines += ["## Never worse than a tuned heuristic", ""]
@@ -443,6 +535,7 @@ def render_model_card(manifest: Mapping[str, Any]) -> str:
             for d, row in by.items():
                 lines.append(f"| {d} | " + " | ".join(_fmt(row.get(n)) for n in names) + " |")
             lines.append("")
+        lines += _by_dataset_table(cv)
     imp = manifest.get("feature_importance")
     if isinstance(imp, Mapping) and imp:
         lines += ["## Top features (gain share, all models)", ""]
@@ -451,7 +544,11 @@ def render_model_card(manifest: Mapping[str, Any]) -> str:
         lines.append("")
     safety = manifest.get("safety")
     if safety is not None:
-        lines += ["## Safety nets (always applied, override the model)", "", "```json"]
+        lines += [
+            "## Safety config (budgets always win; the loop detector and quality_met are rules)",
+            "",
+            "```json",
+        ]
         lines.append(json.dumps(_clean(safety), indent=2))
         lines += ["```", ""]
     libs = manifest.get("libraries")

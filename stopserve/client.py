@@ -107,6 +107,7 @@ class DecideOptions(TypedDict, total=False):
     lam: float | None  #: cost weight
     proposed_stop: bool  #: the orchestrator proposes to stop here (default False)
     safety: SafetyLike | None  #: safety nets for this call (the service applies the same)
+    quality_target: float | None  #: the quality reward that means done for this run (default 1.0)
     task_id: str | None  #: the task this run works on (kept in its trace)
     system: str | None  #: the system that runs it (kept in its trace)
 
@@ -284,6 +285,8 @@ class _LocalRun:
     why_local: str = ""
     task_id: str | None = None
     system: str | None = None
+    #: the safety config the run's calls asked for (``safety``, ``quality_target``): kept, as the service does
+    safety: SafetyConfig | None = None
 
 
 class _Core:
@@ -632,8 +635,14 @@ class _Core:
         budget, lam = options.get("budget"), options.get("lam")
         proposed_stop = options.get("proposed_stop", False)
         task_id, system = options.get("task_id"), options.get("system")
-        cfg = _as_safety(options.get("safety"))
         run = self.fold(run_id, events, budget, task_id, system)
+        cfg = _as_safety(options.get("safety"))
+        target = options.get("quality_target")
+        if target is not None:
+            cfg = (cfg or run.safety or self.safety).replace(quality_met=target)
+        if cfg is not None:
+            run.safety = cfg
+        cfg = run.safety
         if self.is_down() or run.local_only:
             return self.away(run_id, run, cfg, proposed_stop)
         decision: DecideResponse | None = None
@@ -644,7 +653,7 @@ class _Core:
                 lam=lam,
                 safety=cfg,
                 proposed_stop=proposed_stop and len(run.pending) <= self.max_batch,
-                extra={"task_id": task_id, "system": system},
+                extra={"task_id": task_id, "system": system, "quality_target": target},
             )
             sent = [e["id"] for e in body["events"]]
             try:

@@ -137,7 +137,7 @@ class LoopConfig(BaseModel):
     monologue: int = Field(default=4, ge=0)
     alternating_actions: int = Field(default=8, ge=0)
     repeated_cycle: int = Field(default=6, ge=0)
-    repeated_reply: int = Field(default=4, ge=0)
+    repeated_reply: int = Field(default=6, ge=0)
 
     @field_validator("*", mode="before")
     @classmethod

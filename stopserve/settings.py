@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     safety: dict[str, Any] | None = Field(
         default=None, description="Default safety-net config (SafetyConfig JSON); unset: the model's."
     )
+    quality_target: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="The quality reward that means done (quality_met of the default config); unset: 1.0.",
+    )
     admin_token: SecretStr | None = Field(
         default=None, description="Bearer token of /v1/admin/*; unset: admin endpoints disabled."
     )

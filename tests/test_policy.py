@@ -318,3 +318,58 @@ def test_a_model_stop_names_the_pattern_the_run_was_repeating(learned: dict[str,
     d = policy.decide(state, lam=1e6)  # cost weighs so much that the model stops at once
     assert d.action == "stop" and d.reason == "no_progress" and d.safety_net is None
     assert d.pattern == "repeated_action_observation"
+
+
+# --------------------------------------------------------------------------- nets and rules (issue 27)
+
+
+def _looping_state(n: int = 8) -> RunState:
+    from stopserve.trace import Event
+
+    state = RunState()
+    for i in range(n):
+        state.fold(Event(id=f"a{i}", t=float(i), type="tool_use", agent="x", content_ref="same"))
+        state.fold(Event(id=f"r{i}", t=float(i) + 0.5, type="return", agent="x", content_ref="out"))
+    return state
+
+
+def _keep_going(learned: dict[str, Policy], overrules: list[str] | None) -> Policy:
+    base = learned["behavior"]
+    manifest = {**base.manifest, "margins": {"stop": None, "continue": -1e9}}
+    if overrules is not None:
+        manifest["overrules"] = overrules
+    else:
+        manifest.pop("overrules", None)
+    return Policy(
+        kind="model",
+        safety=DEFAULT_SAFETY,
+        manifest=manifest,
+        rule=None,
+        boosters=base._forest._boosters,  # type: ignore[union-attr]
+    )
+
+
+def test_a_model_may_overrule_the_loop_rule_only_where_its_manifest_says_so(
+    learned: dict[str, Policy],
+) -> None:
+    state = _looping_state()
+    d = _keep_going(learned, ["loop", "quality_met", "rule", "proposed"]).decide(state, lam=0.0)
+    assert d.action == "continue" and "overruled" in (d.message or "")
+    legacy = _keep_going(learned, None).decide(state, lam=0.0)  # a model trained before the split
+    assert legacy.action == "stop" and legacy.safety_net == "loop_detector"
+    fixed = _keep_going(learned, ["rule", "proposed"]).decide(state, lam=0.0)
+    assert fixed.action == "stop" and fixed.reason == "loop_detected"
+
+
+def test_budgets_always_win_even_over_a_model_that_overrules_every_rule(learned: dict[str, Policy]) -> None:
+    policy = _keep_going(learned, ["loop", "quality_met", "rule", "proposed"])
+    state = _looping_state(12)
+    d = policy.decide(state, lam=0.0, safety=SafetyConfig(max_turns=10))
+    assert d.action == "stop" and d.safety_net == "max_turns" and d.limit == "turns"
+    unbounded = policy.decide(state, lam=0.0)
+    assert unbounded.action == "continue"
+    from stopserve.safety import DEFAULT_MAX_TURNS
+
+    many = _looping_state(DEFAULT_MAX_TURNS)  # the default turn limit bounds every run
+    d = policy.decide(many, lam=0.0)
+    assert d.action == "stop" and d.safety_net == "max_turns"

@@ -67,7 +67,7 @@ from stopserve.errors import (
 )
 from stopserve.features import FEATURE_NAMES, LOOP_ID_WINDOW, RunState
 from stopserve.policy import Policy, StopDecision
-from stopserve.safety import SafetyConfig
+from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.service.log import DecisionLog
 from stopserve.service.metrics import Metrics
 from stopserve.service.store import (
@@ -134,6 +134,9 @@ class Engine:
         self._create_lock = threading.Lock()
         self._rng = random.Random(settings.seed)
         self._default_safety = self._parse_safety(settings.safety, "STOPSERVE_SAFETY")
+        if settings.quality_target is not None:  # the quality target of the default config
+            base = self._default_safety or DEFAULT_SAFETY
+            self._default_safety = base.replace(quality_met=settings.quality_target)
         self._safety_cache: OrderedDict[bytes, SafetyConfig] = OrderedDict()
         # a large request decides in a worker thread while the event loop decides the others:
         # the policy's single-row predictor shares one output buffer, so decisions take turns
@@ -319,7 +322,7 @@ class Engine:
         if retry and run.last_response is not None:
             # a retry of a call already answered: the same answer, nothing logged twice
             return dict(run.last_response, events_accepted=0, events_ignored=ignored), None, None
-        safety = self._safety(req.safety) if req.safety is not None else None
+        safety = self._request_safety(req, run.safety)
         nbytes = self._fold(run, new, reserve=_DECISION_RESERVE)
         if req.budget is not None:
             run.budget = req.budget
@@ -383,7 +386,7 @@ class Engine:
             ids.add(event.id)
         state = self._new_state(req.topology, req)
         state.fold_many(req.events)
-        safety = self._safety(req.safety) if req.safety is not None else None
+        safety = self._request_safety(req, None)
         lam = req.lam
         decision = self._decide(self.serving.policy, state, lam, req.cost_share, safety, req.proposed_stop)
         fields = _decision_fields(decision)
@@ -552,7 +555,7 @@ class Engine:
         return None
 
     def _create(self, run_id: str, req: DecideRequest) -> Run:
-        safety = self._safety(req.safety) if req.safety is not None else None
+        safety = self._request_safety(req, None)
         now = self.store.now()
         run = Run(
             run_id=run_id,
@@ -870,6 +873,22 @@ class Engine:
         )
 
     # ------------------------------------------------------------------ safety configs
+
+    def _request_safety(
+        self, req: DecideRequest | StatelessDecideRequest, held: SafetyConfig | None
+    ) -> SafetyConfig | None:
+        """The config a request asks for (``safety``, ``quality_target``), or None: keep the one in force.
+
+        ``quality_target`` sets ``quality_met`` of the request's config, else of the run's
+        (``held``), else of the service's default, else of the model's own.
+        """
+        safety = self._safety(req.safety) if req.safety is not None else None
+        if req.quality_target is None:
+            return safety
+        base = safety or held or self._default_safety or self.serving.policy.safety
+        if base.quality_met == req.quality_target:
+            return base
+        return base.replace(quality_met=req.quality_target)
 
     def _safety(self, raw: dict[str, Any]) -> SafetyConfig:
         issues = _out_of_range(raw, "safety", 0)

@@ -1069,7 +1069,7 @@ class PolicyLearner:
                 )
             if choice is None or not choice[1].deviates:
                 policies.append(base.policy(st.nets))
-                choices.append({"base": base_name, "deviates": False})
+                choices.append({"base": base_name, "base_rule": base.parameter, "deviates": False})
                 continue
             method, t = choice
             manifest = {
@@ -1087,7 +1087,15 @@ class PolicyLearner:
                     engine=REPLAY_ENGINE,
                 )
             )
-            choices.append({"base": base_name, "deviates": True, "method": method, **_tuned_dict(t)})
+            choices.append(
+                {
+                    "base": base_name,
+                    "base_rule": base.parameter,
+                    "deviates": True,
+                    "method": method,
+                    **_tuned_dict(t),
+                }
+            )
         if st.bar is not None:
             st.bar.update(1)
         return policies, choices
@@ -1270,7 +1278,7 @@ def _rule_fields(  # noqa: PLR0917
     return {
         "safety": base.rule.own_config(nets).to_dict(),
         "rule": base.to_safety_config().to_dict(),
-        "rule_name": base.name,
+        "rule_name": base.display_name,
         "rule_text": base.rule.describe(base.cost_unit),
         "proposals": "accept" if base.rule.proposals else "refuse",
         "overrules": sorted(overrules),

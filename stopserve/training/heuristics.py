@@ -48,6 +48,7 @@ __all__ = [
     "Replay",
     "RuleFires",
     "TunedHeuristic",
+    "canonical_name",
     "cross_fit_heuristics",
     "group_folds",
     "oracle_mask",
@@ -305,6 +306,11 @@ class TunedHeuristic:
         )
         return on
 
+    @property
+    def display_name(self) -> str:
+        """The family name, or the simpler family's its tuned rule is (:func:`canonical_name`)."""
+        return canonical_name(self.rule) or self.name
+
     def stop_mask(self, dp: DecisionPoints) -> BoolArray:
         """Where the tuned rule, served as a policy, stops on (other) decision points."""
         self._check_unit(dp)
@@ -341,7 +347,7 @@ class TunedHeuristic:
             "cost_unit": self.cost_unit,
             "safety": own.to_dict(),
             "rule": self.to_safety_config().to_dict(),
-            "rule_name": self.name,
+            "rule_name": self.display_name,
             "rule_text": self.rule.describe(self.cost_unit),
             "proposals": "accept" if self.rule.proposals else "refuse",
             "overrules": [],
@@ -401,31 +407,48 @@ def oracle_mask(dp: DecisionPoints, lam: float) -> BoolArray:
     return np.asarray(r >= best[dp.trace_idx] - 1e-12, dtype=bool)
 
 
-def _lcb(gain: FloatArray) -> float:
-    """``mean − PESSIMISM · standard error`` of per-trace gains."""
+def _mean_se(gain: FloatArray) -> tuple[float, float]:
+    """Mean and standard error of per-trace gains."""
     n = gain.size
     if n == 0:
-        return 0.0
-    mean = float(gain.mean())
-    return mean - PESSIMISM * float(gain.std()) / math.sqrt(n)
+        return 0.0, 0.0
+    return float(gain.mean()), float(gain.std()) / math.sqrt(n)
+
+
+def _conservative(param: str, value: Any) -> tuple[int, float]:
+    """Sort key of a parameter's settings, the most conservative (the one that stops least) first."""
+    if value is None:
+        return (0, 0.0)  # off: stops nothing
+    if param in ("turn_cap", "cost_cap", "reward_threshold"):
+        return (1, -float(value))  # a higher cap or threshold stops later
+    return (1, 0.0)
 
 
 def _best(dp: DecisionPoints, rule: HeuristicRule, param: str, lam: float) -> tuple[HeuristicRule, float]:
-    """The setting of ``param`` whose gain over ``rule`` has the best lower bound (above 0), and its value.
+    """The setting of ``param`` to take on top of ``rule``, and the value it gives.
 
-    Ties (within 1e-12) keep the earlier candidate; no setting clearing the bound keeps ``rule``.
+    A mean-minus-standard-error rule, not the in-sample maximum: a setting is taken only
+    where its per-trace gain over ``rule`` clears :data:`PESSIMISM` standard errors, and of
+    the settings whose mean gain is within one standard error of the best, the most
+    conservative one (the highest cap or threshold) is taken, so a cap is not set at the
+    knife edge of the longest run that paid. No setting clearing the bound keeps ``rule``.
     """
     ref = replay(dp, rule.stop_mask(dp), lam).value
-    best_rule, best_score = rule, 0.0
     current = getattr(rule, param)
+    scored: list[tuple[Any, float, float]] = []  # (setting, mean gain, standard error)
     for v in _candidates(dp, param):
         if v == current:
             continue
-        cand = replace(rule, **{param: v})
-        gain = replay(dp, cand.stop_mask(dp), lam).value - ref
-        score = _lcb(gain)
-        if score > best_score + _EPS:
-            best_rule, best_score = cand, score
+        gain = replay(dp, replace(rule, **{param: v}).stop_mask(dp), lam).value - ref
+        mean, se = _mean_se(gain)
+        if mean - PESSIMISM * se > _EPS:
+            scored.append((v, mean, se))
+    if not scored:
+        return rule, float(ref.mean())
+    top_mean, top_se = max(((m, e) for _, m, e in scored), key=lambda x: x[0])
+    near = [v for v, m, _ in scored if m >= top_mean - top_se - _EPS]
+    chosen = min(near, key=lambda v: _conservative(param, v))
+    best_rule = replace(rule, **{param: chosen})
     return best_rule, replay(dp, best_rule.stop_mask(dp), lam).mean_value
 
 
@@ -483,13 +506,18 @@ def tune_heuristics(
     return out
 
 
-def canonical_name(rule: HeuristicRule, fixed_rules: bool = False) -> str | None:
-    """The simplest family whose rule this is (``never_stop``, ``loop_detector``), else ``None``."""
-    if rule.turn_cap is None and rule.cost_cap is None and rule.reward_threshold is None:
-        if not rule.proposals and (fixed_rules or (not rule.loop and not rule.quality)):
-            return "never_stop"
-        if rule.proposals and rule.loop and rule.quality:
-            return "loop_detector"
+def canonical_name(rule: HeuristicRule) -> str | None:
+    """The simplest family whose rule this is, or ``None``: the name a shipped rule goes by.
+
+    Ties in the ranking keep the simpler family, but a family's tuned rule may still be a
+    simpler one's (a reward threshold tuned to "off"): it is named for what it is.
+    """
+    if rule.turn_cap is not None or rule.cost_cap is not None or rule.reward_threshold is not None:
+        return None
+    if not (rule.loop or rule.quality or rule.proposals):
+        return "never_stop"
+    if rule.loop:
+        return "loop_detector"
     return None
 
 

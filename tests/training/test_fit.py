@@ -259,3 +259,50 @@ def test_each_model_declares_how_its_raw_score_is_read(traces: list[Trace]) -> N
     learner = PolicyLearner(lam=2.0, method="behavior", **FAST).fit(traces[:60])
     if learner.models_:
         assert learner.manifest_["models"]["s"]["transform"] == "sigmoid"
+
+
+# --------------------------------------------------------------------------- issue 27: no leak, the rules
+
+
+def test_a_folds_base_rule_never_depends_on_that_folds_own_traces(traces: list[Trace]) -> None:
+    """Each fold's base rule (and so the optimal method's later rule on its rows) is chosen and
+    tuned without that fold's traces: changing their outcomes changes nothing of it."""
+    learner = PolicyLearner(lam=2.0, method="optimal", **FAST).fit(traces)
+    folds = learner.cv_["fold_choices"]
+    from stopserve.training.heuristics import group_folds
+
+    dp = learner.dp_
+    fold = group_folds(dp.group, FAST["folds"], 0)
+    flipped = [
+        t.model_copy(update={"rewards": {"team": 1.0 - float(t.rewards["team"])}}) if fold[i] == 0 else t
+        for i, t in enumerate(traces)
+    ]
+    again = PolicyLearner(lam=2.0, method="optimal", **FAST).fit(flipped).cv_["fold_choices"]
+    assert (again[0]["base"], again[0]["base_rule"]) == (folds[0]["base"], folds[0]["base_rule"])
+
+
+def test_never_stop_ships_named_as_such_where_no_rule_beats_the_end(tmp_path: Path) -> None:
+    # every run succeeds only at its last step: no rule beats running to the end
+    runs = [step_trace(f"r{i}", f"t{i}", 4 + i % 3, grades=[0.0] * (3 + i % 3) + [1.0]) for i in range(24)]
+    learner = PolicyLearner(lam=0.01, method="behavior", **FAST).fit(runs)
+    assert learner.cv_["best_heuristic"] == "never_stop"
+    assert learner.manifest_["rule_name"] in ("never_stop", "loop_detector")
+    assert learner.manifest_["rule_name"] != "reward_threshold"
+
+
+def test_the_optimal_methods_later_rule_on_a_folds_rows_is_that_folds_own(traces: list[Trace]) -> None:
+    """The leak of old: the backward induction's base rule was tuned on every trace, each fold's
+    test traces included. Now each row's later rule fires where its own fold's rule does."""
+    from stopserve.training.fit import TraceSource
+
+    learner = PolicyLearner(lam=2.0, method="optimal", **FAST)
+    learner._check_params()
+    st = learner._prepare(TraceSource(traces), None, False, "task")
+    learner._heuristics(st)
+    fires = learner._fold_fires(st)
+    row_fold = st.trace_fold[st.dp.trace_idx]
+    for f in range(st.k):
+        own = st.fold_heur[f][st.fold_family[f]].fires(st.dp)
+        mine = row_fold == f
+        for kind in ("loop", "quality", "rule", "proposed"):
+            np.testing.assert_array_equal(getattr(fires, kind)[mine], getattr(own, kind)[mine])

@@ -9,12 +9,13 @@ from eval_helpers import step_trace
 from stopserve.errors import TrainingError
 from stopserve.features import RunState
 from stopserve.safety import DEFAULT_SAFETY
-from stopserve.trace import is_decision_point
+from stopserve.trace import Trace, is_decision_point
 from stopserve.training.heuristics import (
     HEURISTICS,
     HeuristicRule,
     cross_fit_heuristics,
     group_folds,
+    rank_families,
     replay,
     tune_heuristics,
 )
@@ -126,3 +127,71 @@ def test_all_failures_make_the_earliest_stop_best() -> None:
     tuned = tune_heuristics(dp, lam=1.0)
     assert tuned["turn_cap"].rule.turn_cap == 1
     assert tuned["turn_cap"].value == pytest.approx(-0.01)
+
+
+# --------------------------------------------------------------------------- issue 27: the families
+
+
+def _finish_at_end(n: int, *, long_failure: bool = False) -> list[Trace]:
+    """Runs that succeed only at their last step (stopping any earlier loses the success)."""
+    out = [step_trace(f"r{i}", f"t{i}", 5, grades=[0, 0, 0, 0, 1], team=1.0) for i in range(n)]
+    if long_failure:  # one long run that never succeeds: a cap would save its cost, and only its
+        out.append(step_trace("long", "tlong", 40, grades=[0] * 40, team=0.0))
+    return out
+
+
+def test_never_stop_is_a_family_and_wins_where_running_to_the_end_is_best() -> None:
+    dp = build_decision_points(_finish_at_end(30))
+    tuned = tune_heuristics(dp, lam=0.01)
+    behavior = replay(dp, np.zeros(dp.n_rows, dtype=bool), 0.01).mean_value
+    assert tuned["never_stop"].value == pytest.approx(behavior)
+    assert tuned["never_stop"].rule.is_never_stop and tuned["never_stop"].to_dict()["rule"].startswith(
+        "never stop"
+    )
+    ranking = rank_families(dp, 0.01)
+    assert ranking.best == "never_stop"  # ties go to the simpler family
+    assert ranking.values["never_stop"] >= max(ranking.values.values()) - 1e-12
+
+
+def test_a_cap_is_not_set_at_the_knife_edge_of_the_longest_run_that_paid() -> None:
+    # the in-sample maximum caps turns at 5, the length of every run that succeeded: one step more
+    # for a new run and the cap cuts it; its gain rests on the one long failure
+    dp = build_decision_points(_finish_at_end(30, long_failure=True))
+    best_cap = max(
+        range(1, 41), key=lambda c: replay(dp, HeuristicRule(turn_cap=c).stop_mask(dp), 0.1).mean_value
+    )
+    assert best_cap == 5
+    tuned = tune_heuristics(dp, lam=0.1)
+    cap = tuned["turn_cap"].rule.turn_cap
+    assert cap is None or cap >= 20, cap  # within one standard error, the most conservative cap
+    # the same gain on many runs is taken
+    many = build_decision_points(
+        _finish_at_end(30) + [step_trace(f"l{i}", f"tl{i}", 40, grades=[0] * 40, team=0.0) for i in range(10)]
+    )
+    assert tune_heuristics(many, lam=0.1)["turn_cap"].rule.turn_cap is not None
+
+
+def test_few_groups_rank_the_families_by_leave_one_group_out_whatever_the_seed() -> None:
+    traces = [
+        step_trace(f"r{i}", f"task{i % 6}", 3 + i % 4, grades=[0, 1, 1, 1, 1, 1][: 3 + i % 4], team=1.0)
+        for i in range(24)
+    ]
+    dp = build_decision_points(traces)
+    rankings = [rank_families(dp, lam=1.0, seed=seed) for seed in range(8)]
+    assert {r.scheme for r in rankings} == {"leave one group out"}
+    assert len({r.best for r in rankings}) == 1 and len({tuple(r.values.items()) for r in rankings}) == 1
+    many = build_decision_points([step_trace(f"m{i}", f"task{i}", 4, team=1.0) for i in range(30)])
+    assert rank_families(many, lam=1.0).scheme == "5-fold x 3"
+
+
+def test_a_tuned_family_is_named_for_the_rule_it_is() -> None:
+    from stopserve.training.heuristics import TunedHeuristic
+
+    off = TunedHeuristic("reward_threshold", HeuristicRule(), 0.0, "usd", 1.0)
+    assert off.display_name == "loop_detector" and off.manifest()["rule_name"] == "loop_detector"
+    never = TunedHeuristic(
+        "combination", HeuristicRule(loop=False, quality=False, proposals=False), 0.0, "usd", 1.0
+    )
+    assert never.display_name == "never_stop"
+    capped = TunedHeuristic("turn_cap", HeuristicRule(turn_cap=4), 0.0, "usd", 1.0)
+    assert capped.display_name == "turn_cap"

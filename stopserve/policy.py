@@ -557,7 +557,7 @@ class Policy:
             return answer(
                 "continue",
                 None,
-                message=f"before min_turns ({cfg.effective_min_turns}) only a budget or a loop may stop the run",
+                message=f"before min_turns ({cfg.effective_min_turns}) only a budget or a loop may stop it",
                 proposal="vetoed",
             )
         if v is not None and turn >= self.min_turns and v < -self.margin_stop:

@@ -1,9 +1,9 @@
 """The stuck loop through AutoGen, with StopServeTermination given nothing but the URL.
 
 Two teams: one agent calling the same tool with the same result every turn, and the docs'
-own text-only ``RoundRobinGroupChat([coder, critic], ...)`` where the coder resubmits its draft and
-the critic gives the same reply every time. Both must end with "loop" in ``TaskResult.stop_reason``, service up
-(default model) or down (local fallback).
+own text-only ``RoundRobinGroupChat([coder, critic], ...)`` where the coder resubmits its
+draft and the critic gives the same reply every time. Both must end with "loop" in
+``TaskResult.stop_reason``, service up (default model) or down (local fallback).
 """
 
 from __future__ import annotations

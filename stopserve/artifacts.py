@@ -378,8 +378,10 @@ def _when_it_stops(manifest: Mapping[str, Any]) -> list[str]:
     """The card's plain-words section: what stops a run served by this policy."""
     if "overrules" not in manifest:
         return []
-    safety = manifest.get("safety") if isinstance(manifest.get("safety"), Mapping) else {}
-    loop = safety.get("loop") if isinstance(safety.get("loop"), Mapping) else {}
+    raw_safety = manifest.get("safety")
+    safety: Mapping[str, Any] = raw_safety if isinstance(raw_safety, Mapping) else {}
+    raw_loop = safety.get("loop")
+    loop: Mapping[str, Any] = raw_loop if isinstance(raw_loop, Mapping) else {}
     overrules = set(manifest.get("overrules") or [])
     model = manifest.get("kind") == "model"
     lines = ["## When it stops a run", ""]

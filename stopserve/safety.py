@@ -105,6 +105,11 @@ class SafetyStop:
         }
 
 
+#: The order patterns are checked in: a failing action's repeats are named as failures first
+#: (the same failing command with the same output is both, at the same count by default).
+_CHECK_ORDER: Final = ("repeated_action_error", *(p for p in LOOP_PATTERNS if p != "repeated_action_error"))
+
+
 class LoopConfig(BaseModel):
     """Loop-detector thresholds (after OpenHands' stuck detector); 0 (or ``null``) turns one off.
 
@@ -170,7 +175,7 @@ class LoopConfig(BaseModel):
         # (a cached_property lives in the instance dict: as cheap to read as a field; the config is frozen)
         if not self.enabled:
             return ()
-        return tuple((p, int(getattr(self, p))) for p in LOOP_PATTERNS if getattr(self, p))
+        return tuple((p, int(getattr(self, p))) for p in _CHECK_ORDER if getattr(self, p))
 
     @property
     def patterns(self) -> tuple[str, ...]:

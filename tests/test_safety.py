@@ -15,6 +15,20 @@ from stopserve.features import LOOP_PATTERNS, RunState
 from stopserve.safety import LoopConfig, SafetyConfig, SafetyStop
 from stopserve.trace import Budget, Event, Trace
 
+#: The detector's mechanics are tested at OpenHands' thresholds (and ours for the two patterns
+#: OpenHands has not); the shipped defaults are higher and tested on their own
+#: (test_the_defaults_fire_at_six_and_stop_every_scripted_loop_within_8_steps).
+OPENHANDS = SafetyConfig(
+    loop=LoopConfig(
+        repeated_action_observation=4,
+        repeated_action_error=3,
+        monologue=3,
+        alternating_actions=6,
+        repeated_cycle=3,
+        repeated_reply=3,
+    )
+)
+
 
 def ev(i: int, kind: str, **kw: Any) -> Event:
     data: dict[str, Any] = {"id": f"e{i}", "t": float(kw.pop("t", i)), "type": kind, "agent": "a"}
@@ -106,7 +120,7 @@ def test_budget_stops_are_not_vetoed_by_min_turns() -> None:
 
 
 def test_same_action_same_result_four_times() -> None:
-    cfg = SafetyConfig()
+    cfg = OPENHANDS
     s = RunState()
     i = steps(s, [("ls", "out", False)] * 3)
     assert cfg.check(s) is None
@@ -124,21 +138,21 @@ def test_same_action_same_result_four_times() -> None:
 def test_same_action_different_results_is_no_loop() -> None:
     s = RunState()
     steps(s, [("pytest", f"out{k}", False) for k in range(10)])
-    assert SafetyConfig().check(s) is None
+    assert OPENHANDS.check(s) is None
 
 
 def test_unknown_content_never_counts_as_a_repeat() -> None:
     s = RunState()
     steps(s, [(None, None, True)] * 10)  # type: ignore[list-item]
-    assert SafetyConfig().check(s) is None
+    assert OPENHANDS.check(s) is None
 
 
 def test_same_action_failing_three_times() -> None:
     s = RunState()
     i = steps(s, [("make", "err1", True), ("make", "err2", True)])
-    assert SafetyConfig().check(s) is None
+    assert OPENHANDS.check(s) is None
     steps(s, [("make", "err3", True)], start=i)
-    stop = SafetyConfig().check(s)
+    stop = OPENHANDS.check(s)
     assert stop is not None and stop.pattern == "repeated_action_error"
     assert stop.events == [f"e{j}" for j in range(6)]
 
@@ -147,10 +161,10 @@ def test_an_error_between_successes_resets() -> None:
     s = RunState()
     steps(s, [("make", "e", True), ("make", "e2", True), ("make", "ok", False), ("make", "e3", True)])
     assert s.loop_run("repeated_action_error") == 1
-    assert SafetyConfig().check(s) is None
+    assert OPENHANDS.check(s) is None
 
 
-MONO_ONLY = SafetyConfig.from_dict({"loop": {"repeated_reply": 0}})
+MONO_ONLY = OPENHANDS.replace(loop={**OPENHANDS.loop.model_dump(), "repeated_reply": 0})
 
 
 def test_monologue_three_times_nothing_between() -> None:
@@ -172,9 +186,9 @@ def test_alternation_over_six_actions() -> None:
     s = RunState()
     ab = [("A", "a", False), ("B", "b", False)]
     i = steps(s, ab * 2 + ab[:1])
-    assert SafetyConfig().check(s) is None
+    assert OPENHANDS.check(s) is None
     steps(s, ab[1:], start=i)
-    stop = SafetyConfig().check(s)
+    stop = OPENHANDS.check(s)
     assert stop is not None and stop.pattern == "alternating_actions"
     assert stop.events == [f"e{j}" for j in range(12)]
 
@@ -182,7 +196,7 @@ def test_alternation_over_six_actions() -> None:
 def test_thresholds_are_configurable_and_can_be_off() -> None:
     s = RunState()
     steps(s, [("ls", "out", False)] * 2)
-    assert SafetyConfig().check(s) is None
+    assert OPENHANDS.check(s) is None
     cfg = SafetyConfig(loop=LoopConfig(repeated_action_observation=2))
     assert cfg.check(s) is not None
     steps(s, [("ls", "out", False)] * 5, start=10)
@@ -209,7 +223,7 @@ def test_or_and_compose() -> None:
 
 def test_and_keeps_the_loop_net_of_its_parts() -> None:
     s = RunState()
-    steps(s, [("ls", "out", False)] * 4)
+    steps(s, [("ls", "out", False)] * LoopConfig().repeated_action_observation)  # the default threshold
     assert (SafetyConfig(max_tokens=10**9) & SafetyConfig(quality_met=0.99)).check(s) is not None
 
 
@@ -318,7 +332,7 @@ def test_a_real_run_made_to_loop_is_caught(swe_traces: list[Trace]) -> None:
         extra.append(act.model_copy(update={"id": f"loop-a{k}", "t": t + k}))
         extra.append(res.model_copy(update={"id": f"loop-r{k}", "t": t + k + 0.5}))
     looped = trace.model_copy(update={"events": events + extra, "stop": None})
-    found = SafetyConfig().first_stop(looped)
+    found = OPENHANDS.first_stop(looped)
     assert found is not None
     _turn, index, stop = found
     assert stop.pattern == "repeated_action_observation" and index == len(looped.events) - 1
@@ -341,15 +355,15 @@ def test_a_debate_round_repeating_unchanged_is_a_cycle() -> None:
     i = _debate_round(s, i, ("x2", "y2", "z2"), 0.5)  # progress: new content
     i = _debate_round(s, i, ("x3", "y3", "z3"), 0.5)
     i = _debate_round(s, i, ("x3", "y3", "z3"), 0.5)
-    assert SafetyConfig().check(s) is None and s.loop_run("repeated_cycle") == 2
+    assert OPENHANDS.check(s) is None and s.loop_run("repeated_cycle") == 2
     i = _debate_round(s, i, ("x3", "y3", "z3"), 0.5)
-    stop = SafetyConfig().check(s)
+    stop = OPENHANDS.check(s)
     assert stop is not None and stop.pattern == "repeated_cycle"
     # round 2's score (e9) already matched: the periodic stretch starts there
     assert stop.events == [f"e{j}" for j in range(9, 25)]
     # one new message breaks it
     _debate_round(s, i, ("x3", "y4", "z3"), 0.5)
-    assert s.loop_run("repeated_cycle") == 0 and SafetyConfig().check(s) is None
+    assert s.loop_run("repeated_cycle") == 0 and OPENHANDS.check(s) is None
 
 
 def test_a_changing_score_is_progress_not_a_cycle() -> None:
@@ -365,7 +379,7 @@ def test_cycles_without_content_refs_do_not_count() -> None:
     for i in range(0, 30, 2):
         s.fold(ev(i, "delegate", agent="o", to="w"))
         s.fold(ev(i + 1, "return", agent="w"))
-    assert s.loop_run("repeated_cycle") == 0 and SafetyConfig().check(s) is None
+    assert s.loop_run("repeated_cycle") == 0 and OPENHANDS.check(s) is None
 
 
 def test_first_stop_replays_the_run_budget() -> None:
@@ -373,11 +387,11 @@ def test_first_stop_replays_the_run_budget() -> None:
     trace = Trace.model_validate(
         {"trace_id": "r", "task_id": "t", "events": events, "budget": {"max_turns": 4}}
     )
-    found = SafetyConfig().first_stop(trace)
+    found = OPENHANDS.first_stop(trace)
     assert found is not None
     turn, index, stop = found
     assert (turn, index, stop.limit, stop.reason) == (4, 3, "turns", "budget_exhausted")
-    assert SafetyConfig().first_stop(trace.model_copy(update={"budget": None})) is None
+    assert OPENHANDS.first_stop(trace.model_copy(update={"budget": None})) is None
 
 
 def test_repeated_reply_one_agent_repeats_itself_while_others_speak() -> None:
@@ -388,12 +402,12 @@ def test_repeated_reply_one_agent_repeats_itself_while_others_speak() -> None:
         s.fold(ev(2 * i + 1, "return", agent="critic", content_ref=f"critique {min(i, 1)}"))
     assert s.loop_run("repeated_reply") == 1  # the latest reply is the critic's
     s.fold(ev(4, "return", agent="coder", content_ref="same answer"))
-    assert SafetyConfig().check(s) is None  # the coder's repeats restart after the critic's new critique
+    assert OPENHANDS.check(s) is None  # the coder's repeats restart after the critic's new critique
     for i in (5, 7):  # from here on nobody brings anything new
         s.fold(ev(i, "return", agent="critic", content_ref="critique 1"))
         s.fold(ev(i + 1, "return", agent="coder", content_ref="same answer"))
     assert s.loop_run("repeated_reply") == 3 and s.loop_events("repeated_reply") == ["e4", "e6", "e8"]
-    stop = SafetyConfig().check(s)  # the whole exchange repeats as well: the cycle is named first
+    stop = OPENHANDS.check(s)  # the whole exchange repeats as well: the cycle is named first
     assert stop is not None and stop.reason == "loop_detected"
     assert stop.pattern in ("repeated_cycle", "repeated_reply")
 
@@ -404,12 +418,12 @@ def test_a_reply_repeated_while_the_others_bring_new_content_is_no_loop() -> Non
     for i in range(6):
         s.fold(ev(2 * i, "return", agent="actor", content_ref=f"attempt {i}"))
         s.fold(ev(2 * i + 1, "communicate", agent="critic", content_ref="Your answer is wrong."))
-    assert s.loop_run("repeated_reply") == 1 and SafetyConfig().check(s) is None
+    assert s.loop_run("repeated_reply") == 1 and OPENHANDS.check(s) is None
     # once the actor repeats itself too, the critic's repeats count
     for i in range(6, 9):
         s.fold(ev(2 * i, "return", agent="actor", content_ref="attempt 5"))
         s.fold(ev(2 * i + 1, "communicate", agent="critic", content_ref="Your answer is wrong."))
-    stop = SafetyConfig().check(s)
+    stop = OPENHANDS.check(s)
     assert stop is not None and stop.reason == "loop_detected"
 
 
@@ -418,7 +432,7 @@ def test_repeated_reply_ignores_tool_results_and_resets_on_new_content() -> None
     for i in range(5):  # the same output of different actions: results, not replies
         s.fold(ev(2 * i, "tool_use", content_ref=f"cmd{i}"))
         s.fold(ev(2 * i + 1, "return", agent="env", content_ref="ok"))
-    assert s.loop_run("repeated_reply") == 0 and SafetyConfig().check(s) is None
+    assert s.loop_run("repeated_reply") == 0 and OPENHANDS.check(s) is None
     s.fold(ev(20, "communicate", agent="x", content_ref="a"))
     s.fold(ev(21, "communicate", agent="x", content_ref="b"))
     s.fold(ev(22, "communicate", agent="x", content_ref="b"))
@@ -438,13 +452,13 @@ def test_closest_names_the_pattern_in_progress_without_firing() -> None:
     for i in range(2):
         s.fold(ev(2 * i, "tool_use", content_ref="same"))
         s.fold(ev(2 * i + 1, "return", content_ref="out"))
-    assert SafetyConfig().check(s) is None  # 2 of 4: no stop yet
+    assert OPENHANDS.check(s) is None  # 2 of 4: no stop yet
     assert LoopConfig().closest(s) == "repeated_action_observation"
     assert LoopConfig(repeated_action_observation=0).closest(s) is None
 
 
 def test_a_replaced_config_forgets_the_cached_views_of_the_original() -> None:
-    base = SafetyConfig(max_tokens=100)
+    base = OPENHANDS.replace(max_tokens=100)
     s = RunState()
     for i in range(5):
         s.fold(ev(2 * i, "tool_use", tool="bash", content_ref="same", tokens=30))
@@ -453,3 +467,19 @@ def test_a_replaced_config_forgets_the_cached_views_of_the_original() -> None:
     off = base.replace(loop={"enabled": False}, max_tokens=None)
     assert off.check(s) is None and off.loop.patterns == ()
     assert base.replace(max_tokens=1000).check(s).name == "loop_detector"
+
+
+def test_the_defaults_fire_at_six_and_stop_every_scripted_loop_within_8_steps() -> None:
+    loop = LoopConfig()
+    assert (loop.repeated_action_observation, loop.repeated_action_error, loop.repeated_cycle) == (6, 6, 6)
+    assert (loop.repeated_reply, loop.monologue, loop.alternating_actions) == (6, 4, 8)
+    for failing in (True, False):
+        s = RunState()
+        fired_at = None
+        for i in range(1, 9):
+            steps(s, [("pytest -x", "FAILED" if failing else "ok", failing)], start=2 * (i - 1))
+            stop = SafetyConfig().check(s)
+            if stop is not None:
+                fired_at = i
+                break
+        assert fired_at == 6, (failing, fired_at)

@@ -33,33 +33,16 @@ SEED=${SEED:-0}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-python - "$SHARED" "$work" "$MINT_N" "$IC_N" <<'PY'
+python - "$SHARED" "$work/corpus" "$MINT_N" "$IC_N" "$SIM_N" <<'PY'
 import sys
 from pathlib import Path
 
-import orjson
+from stopserve.training.corpus import default_corpus
 
-from stopserve.training.corpus import REAL_SETS, import_set, label_systems, subsample_file
-
-shared, work, mint_n, ic_n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-caps = {"mint": mint_n, "mint-feedback": mint_n, "intercode-sql": ic_n}
-(work / "corpus").mkdir()
-for name in REAL_SETS:
-    labelled = work / f"{name}.jsonl"
-    label_systems(import_set(name, shared, work / "imported"), labelled)
-    by_system: dict[str, list[bytes]] = {}
-    for line in labelled.read_bytes().splitlines():
-        if line.strip():
-            by_system.setdefault(orjson.loads(line)["system"].split("/", 1)[0], []).append(line)
-    for system, lines in sorted(by_system.items()):
-        path = work / "corpus" / f"{system}.jsonl"
-        path.write_bytes(b"\n".join(lines) + b"\n")
-        kept = subsample_file(path, path, caps[system]) if system in caps else len(lines)
-        print(f"{system}: {len(lines)} runs, {kept} kept", file=sys.stderr)
+shared, out, mint_n, ic_n, sim_n = Path(sys.argv[1]), Path(sys.argv[2]), *map(int, sys.argv[3:])
+limits = {"mint": mint_n, "mint-feedback": mint_n, "intercode-sql": ic_n}
+default_corpus(shared, out, limits=limits, sim_n=sim_n, log=lambda line: print(line, file=sys.stderr))
 PY
-stopserve simulate --n "$SIM_N" --seed 10 -o "$work/sim-raw.jsonl" --no-progress
-python -c "import sys; from pathlib import Path; from stopserve.training.corpus import label_systems; \
-print(label_systems(Path(sys.argv[1]), Path(sys.argv[2])), file=sys.stderr)" "$work/sim-raw.jsonl" "$work/corpus/sim.jsonl"
 
 stopserve train "$work"/corpus/*.jsonl -o "$work/model" --cost-scale per-run --cost-share 0.3 \
   --features scale-free --method behavior --rules fixed --stop-on evidence --evidence 3,4,5 \

@@ -32,8 +32,10 @@ import orjson
 from stopserve.errors import TrainingError
 
 __all__ = [
+    "DEFAULT_CORPUS_LIMITS",
     "REAL_SETS",
     "RealSet",
+    "default_corpus",
     "held_out",
     "import_set",
     "label_systems",
@@ -185,3 +187,62 @@ def label_systems(src: Path, dst: Path) -> dict[str, int]:
             trace["system"] = f"{family}/{trace.get('system') or 'unknown'}"
             out.write(orjson.dumps(trace) + b"\n")
     return counts
+
+
+#: Runs kept per system in the default model's corpus (None: all of them).
+DEFAULT_CORPUS_LIMITS: Final[dict[str, int | None]] = {
+    "mint": 1500,
+    "mint-feedback": 1500,
+    "intercode-sql": 3000,
+}
+
+
+def default_corpus(
+    shared: Path,
+    out: Path,
+    *,
+    limits: dict[str, int | None] | None = None,
+    sim_n: int = 2000,
+    log: Callable[[str], None] | None = None,
+) -> list[Path]:
+    """The default model's corpus: one JSON Lines file per system, every trace labelled with it.
+
+    Every real set in ``shared`` (the runs of each system kept up to ``limits``, whole
+    tasks by hash), and ``sim_n`` behavior-logged simulated runs (``stopserve simulate
+    --seed 10``), a system per topology (:func:`system_family`). What
+    ``training/train_default.sh`` trains on and ``bench/bench_default.py`` measures.
+    """
+    from stopserve.trace import TraceWriter
+    from stopserve.training.simulate import simulate
+
+    limits = DEFAULT_CORPUS_LIMITS if limits is None else limits
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / ".work"
+    work.mkdir(exist_ok=True)
+    written: list[Path] = []
+    for name, spec in REAL_SETS.items():
+        if not (shared / spec.source).exists():
+            continue
+        labelled = work / f"{name}.jsonl"
+        label_systems(import_set(name, shared, work / "imported"), labelled)
+        by_system: dict[str, list[bytes]] = {}
+        for line in labelled.read_bytes().splitlines():
+            if line.strip():
+                by_system.setdefault(orjson.loads(line)["system"].split("/", 1)[0], []).append(line)
+        for system, lines in sorted(by_system.items()):
+            path = out / f"{system}.jsonl"
+            path.write_bytes(b"\n".join(lines) + b"\n")
+            cap = limits.get(system)
+            kept = subsample_file(path, path, cap) if cap is not None else len(lines)
+            written.append(path)
+            if log is not None:
+                log(f"{system}: {len(lines)} runs, {kept} kept")
+    raw = work / "sim.jsonl"
+    with TraceWriter(raw) as writer:
+        for trace in simulate(sim_n, seed=10):
+            writer.write(trace)
+    counts = label_systems(raw, out / "sim.jsonl")
+    written.append(out / "sim.jsonl")
+    if log is not None:
+        log(f"simulated: {counts}")
+    return written

@@ -17,6 +17,8 @@ import pytest
 from _hookkit import ClaudeSession, CodexSession, records, run_hook
 from servers import LiveServer, free_port
 
+from stopserve.safety import LoopConfig
+
 ALWAYS_GO_ON = ("--safety", '{"min_turns": 50}')  # a policy that wants every stop refused
 
 
@@ -104,7 +106,8 @@ def test_a_looping_run_is_ended_from_a_tool_hook(server: LiveServer, tmp_path: P
     command = {"command": "pytest -x tests/test_io.py", "description": "run the failing test"}
     response = {"stdout": "1 failed: test_roundtrip", "stderr": "", "interrupted": False, "isImage": False}
     answers = []
-    for i in range(5):
+    n = LoopConfig().repeated_action_observation  # the same call with the same output: a loop at n
+    for i in range(n + 1):
         call_id = f"toolu_loop{i}"
         s.call(call_id, "Bash", command)
         if i % 2:  # sometimes the result is in the transcript before the hook runs, sometimes not
@@ -116,15 +119,15 @@ def test_a_looping_run_is_ended_from_a_tool_hook(server: LiveServer, tmp_path: P
         )
         if not i % 2:
             s.result(call_id, response)
-    assert [a.answer is None for a in answers[:3]] == [True, True, True]
-    told = answers[3].answer  # after the call: the model is told to report and finish
+    assert [a.answer is None for a in answers[: n - 1]] == [True] * (n - 1)
+    told = answers[n - 1].answer  # after the call: the model is told to report and finish
     assert told is not None and told["decision"] == "block"
     assert "loop detected" in told["reason"] and "pytest -x tests/test_io.py" in told["reason"]
     assert "Do not call more tools" in told["reason"]
-    last = records(state)[3]
+    last = records(state)[n - 1]
     assert (last["safety_net"], last["pattern"]) == ("loop_detector", "repeated_action_observation")
     # each call counted once although it was seen twice (hook input and transcript)
-    assert last["turn"] == 4
+    assert last["turn"] == n
     # its next call is refused and the turn ended (Claude Code: continue false), the user told why
     s.call("toolu_loop9", "Bash", command)
     ended = run_hook("claude-code", s.pre_tool("toolu_loop9", "Bash", command), url=server.url, state=state)
@@ -164,7 +167,7 @@ def test_shadow_mode_never_blocks_and_the_report_joins_labels(
     assert run_hook("claude-code", s.stop(), url=server.url, state=state, args=shadow).answer is None
     command = {"command": "make docs"}
     response = {"stdout": "error: missing file", "stderr": "", "interrupted": False, "isImage": False}
-    for i in range(5):
+    for i in range(LoopConfig().repeated_action_observation + 1):
         s.call(f"toolu_d{i}", "Bash", command)
         result = run_hook(
             "claude-code",
@@ -319,19 +322,20 @@ def test_codex_stop_and_loop(server: LiveServer, tmp_path: Path, state: Path) ->
     blocked = run_hook("codex", s.stop(last), url=server.url, state=state)
     assert blocked.answer is not None and blocked.answer["decision"] == "block"
     answers = []
-    for i in range(5):
+    n = LoopConfig().repeated_action_error  # the same call failing: a loop at n
+    for i in range(n + 1):
         s.shell_call(f"call_{i}", "cargo test")
         out = s.shell_output(f"call_{i}", 101, "test result: FAILED. 0 passed; 1 failed")
         answers.append(
             run_hook("codex", s.post_tool(f"call_{i}", "cargo test", out), url=server.url, state=state).answer
         )
     ended = next(a for a in answers if a is not None)
-    # exit code 101 each time: the same failing call, three times in a row. Codex acts on no
+    # exit code 101 each time: the same failing call, n times in a row. Codex acts on no
     # `continue: false` from a tool hook: the model is told (the reason replaces the output)
-    assert answers.index(ended) == 2 and ended["decision"] == "block"
+    assert answers.index(ended) == n - 1 and ended["decision"] == "block"
     assert "the same call failed again and again (last: Bash: cargo test)" in ended["reason"]
     assert "Do not call more tools" in ended["reason"]
-    assert records(state)[3]["pattern"] == "repeated_action_error"
+    assert records(state)[n]["pattern"] == "repeated_action_error"
     # and every further tool call of the turn is refused before it runs
     s.shell_call("call_9", "ls")
     refused = run_hook("codex", s.pre_tool("call_9", "ls"), url=server.url, state=state).answer

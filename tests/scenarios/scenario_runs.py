@@ -39,6 +39,7 @@ from typing import Any, Final
 
 from stopserve.client import EventRecorder
 from stopserve.features import LOOP_PATTERNS
+from stopserve.safety import LoopConfig
 from stopserve.trace import Event
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "SCENARIOS",
     "SOLVED_AT",
     "SOLVED_WITHIN",
+    "TEXT_LOOP_TURNS",
     "TOKENS_PER_TURN",
     "Scenario",
     "Service",
@@ -61,6 +63,9 @@ __all__ = [
 #: A loop must be stopped at or before this step.
 LOOP_STEPS: Final = 8
 LOOP_TURNS: Final = LOOP_STEPS  # the integrations' name for it
+#: A text-only team stuck in one exchange (two agents repeating their messages) is stopped by the
+#: exchange's sixth repeat: two messages a repeat, and one exchange for the frameworks' first turn.
+TEXT_LOOP_TURNS: Final = 2 * (LoopConfig().repeated_reply + 1)
 #: The step whose reward reaches 1.0 in ``solved``.
 SOLVED_AT: Final = 3
 #: Decision points a stop may lag behind the reward reaching 1.0.

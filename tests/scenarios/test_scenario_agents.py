@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from scenario_runs import LOOP_TURNS, TOKENS_PER_TURN, Service
+from scenario_runs import LOOP_TURNS, TEXT_LOOP_TURNS, TOKENS_PER_TURN, Service
 
 pytest.importorskip("agents")
 
@@ -63,11 +63,11 @@ def run(agent: Agent[Any], hooks: StopServeHooks) -> Any:
     return asyncio.run(main())
 
 
-def check(hooks: StopServeHooks, service: Service) -> Any:
+def check(hooks: StopServeHooks, service: Service, within: int = LOOP_TURNS) -> Any:
     decision = hooks.stop_decision
     assert decision is not None, f"never stopped; last decision {hooks.last_decision}"
     assert decision.reason in ("loop_detected", "no_progress") and decision.pattern, decision
-    assert decision.turn <= LOOP_TURNS and decision.degraded is service.down, decision
+    assert decision.turn <= within and decision.degraded is service.down, decision
     return decision
 
 
@@ -103,8 +103,8 @@ def test_text_only_agents_handing_off_where_the_critic_repeats_itself(service: S
     critic.handoffs = [coder]
     hooks = StopServeHooks(service.url)
     result = run(hooks.attach(coder), hooks)
-    decision = check(hooks, service)
-    assert decision.pattern == "repeated_reply", decision
-    # the run was handed to the coder with the stop; it answered instead of handing off again
-    assert result.final_output == "coder: final answer" and result.last_agent.name == "coder"
+    decision = check(hooks, service, within=TEXT_LOOP_TURNS)
+    assert decision.pattern in ("repeated_reply", "repeated_cycle"), decision
+    # the agent the stop was handed to answered instead of handing off again
+    assert result.final_output == f"{result.last_agent.name}: final answer"
     print(f"\nstopserve: stop ({decision.reason}, {decision.pattern}) at turn {decision.turn}")

@@ -365,3 +365,19 @@ def test_a_run_the_service_dropped_is_told_apart_from_a_closed_one(tmp_path: Pat
         assert records(state)[-1]["error"] == (
             "run closed on the service (the service dropped it (run_evicted)); not asked"
         )
+
+
+def test_the_shipped_default_lets_a_finished_session_stop(tmp_path: Path, state: Path) -> None:
+    """The default model takes no proposed stop as a reason to stop (``proposal: refused``):
+    its "continue" is no objection, so the hook lets the agent's own stop stand."""
+    with LiveServer(log_dir=tmp_path / "logs") as live:  # the shipped default, no configuration
+        s = ClaudeSession(tmp_path / "proj", "sess-default")
+        s.user("Fix the crash in app.py")
+        s.edit("toolu_e1", "src/app.py")
+        s.bash("toolu_t1", "python -m pytest -q", "4 passed in 0.02s")
+        s.say("Fixed the crash; the tests pass.")
+        stop = run_hook("claude-code", s.stop(), url=live.url, state=state)
+    assert stop.rc == 0 and stop.answer is None, stop.stdout
+    last = records(state)[-1]
+    assert last["event"] == "Stop" and last["outcome"] == "allow"
+    assert last["action"] == "continue" and last["proposal"] == "refused"

@@ -43,7 +43,7 @@ from stopserve.errors import TrainingError
 from stopserve.features import RunState
 from stopserve.policy import Policy
 from stopserve.trace import Trace
-from stopserve.training.fit import Backend, LocalBackend, TraceSource
+from stopserve.training.backend import Backend, LocalBackend, TraceSource
 from stopserve.training.heuristics import (
     HEURISTICS,
     FamilyRanking,

@@ -381,3 +381,34 @@ def test_the_shipped_default_lets_a_finished_session_stop(tmp_path: Path, state:
     last = records(state)[-1]
     assert last["event"] == "Stop" and last["outcome"] == "allow"
     assert last["action"] == "continue" and last["proposal"] == "refused"
+
+
+def test_a_session_has_no_time_budget_unless_the_hook_sets_one(
+    server: LiveServer, tmp_path: Path, state: Path
+) -> None:
+    # begun yesterday afternoon, resumed this morning: five hours on the session's clock
+    command = {"command": "pytest -q", "description": "run the tests"}
+    response = {"stdout": "3 passed in 0.1s", "stderr": "", "interrupted": False, "isImage": False}
+
+    def session(name: str) -> ClaudeSession:
+        s = ClaudeSession(tmp_path / "proj", name)
+        s.offset = -5 * 3600.0
+        s.user("Add the export command")
+        s.edit("toolu_e1", "src/export.py")
+        s.offset = 0.0
+        s.call("toolu_t1", "Bash", command)
+        return s
+
+    s = session("sess-resumed")
+    call = s.post_tool("toolu_t1", "Bash", command, response)
+    goes_on = run_hook("claude-code", call, url=server.url, state=state)
+    assert goes_on.rc == 0 and goes_on.answer is None, goes_on.stderr
+    assert records(state)[-1]["action"] == "continue"
+    # a team that wants a session's time bounded says so on the hook
+    s = session("sess-bounded")
+    bounded = ("--safety", '{"max_seconds": 3600}')
+    call = s.post_tool("toolu_t1", "Bash", command, response)
+    told = run_hook("claude-code", call, url=server.url, state=state, args=bounded)
+    assert told.answer is not None and told.answer["decision"] == "block", told.stderr
+    last = records(state)[-1]
+    assert (last["reason"], last["safety_net"]) == ("budget_exhausted", "max_seconds")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from _service_models import tiny_model
 from fastapi.testclient import TestClient
+from servers import free_port
 
 from stopserve.service.app import create_app
 from stopserve.settings import Settings
@@ -316,11 +317,13 @@ def test_serve_command_errors_are_one_line(
 ) -> None:
     from stopserve.cli import main
 
-    assert main(["serve", "--model", str(tmp_path / "missing"), "--log-dir", str(tmp_path)]) == 2
+    # a port of its own: serve checks its port first, and 8080 may be anyone's
+    port = str(free_port())
+    assert main(["serve", "--model", str(tmp_path / "missing"), "--log-dir", str(tmp_path), "--port", port]) == 2
     err = capsys.readouterr().err
     assert "no such model directory" in err and "Traceback" not in err
     monkeypatch.setenv("STOPSERVE_FSYNC", "sometimes")
-    assert main(["serve", "--no-model"]) == 2
+    assert main(["serve", "--no-model", "--port", port]) == 2
     err = capsys.readouterr().err
     assert "STOPSERVE_FSYNC" in err and "Traceback" not in err
 

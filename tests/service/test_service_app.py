@@ -319,7 +319,8 @@ def test_serve_command_errors_are_one_line(
 
     # a port of its own: serve checks its port first, and 8080 may be anyone's
     port = str(free_port())
-    assert main(["serve", "--model", str(tmp_path / "missing"), "--log-dir", str(tmp_path), "--port", port]) == 2
+    missing = ["--model", str(tmp_path / "missing"), "--log-dir", str(tmp_path)]
+    assert main(["serve", *missing, "--port", port]) == 2
     err = capsys.readouterr().err
     assert "no such model directory" in err and "Traceback" not in err
     monkeypatch.setenv("STOPSERVE_FSYNC", "sometimes")

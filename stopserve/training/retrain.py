@@ -1,0 +1,300 @@
+"""``stopserve retrain`` and ``stopserve rollback``: a model of your own system, promoted on evidence.
+
+A retrain reads the service's trace log (``<log_dir>/traces.jsonl`` and its rotated files,
+oldest first), holds out the most recent share of the logged runs (``--holdout``), and:
+
+1. fits a candidate on the rest (and on ``--corpus``, earlier traces) with the trainer
+   :class:`~stopserve.training.fit.PolicyLearner`, its options those of ``stopserve train``;
+2. replays the candidate, the champion (the model served now) and every tuned heuristic
+   (tuned on the training runs) through their own ``decide`` on the held-out runs, and
+   estimates each one's value off-policy (:mod:`stopserve.training.offpolicy`: those runs
+   were decided by the champion, and a policy that goes on where the champion stopped is
+   judged through the explored runs, with its support counted);
+3. promotes the candidate only when the lower end of the paired 90% interval of
+   (candidate − champion), doubly robust, is above 0 and both figures are supported;
+   otherwise says why, with the numbers. Either way one line goes to the promotions log
+   (:class:`stopserve.model_store.ModelStore`) with the evidence.
+
+The promoted model is copied into the model store and becomes its champion; every
+service process that reads the store serves it within a tick. ``stopserve rollback``
+restores the champion before it. One retrain runs at a time per store (a lock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from stopserve.errors import ConfigError, TrainingError
+from stopserve.model_store import Champion, ModelStore
+from stopserve.policy import Policy
+from stopserve.service.log import log_files
+from stopserve.settings import default_model_dir, load_settings
+from stopserve.training.fit import PolicyLearner, TraceSource, learner_from_args
+from stopserve.training.heuristics import HEURISTICS, tune_heuristics
+from stopserve.training.labels import build_decision_points
+from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged
+from stopserve.training.replay import REPLAY_ENGINE, replay_decide
+
+__all__ = ["RetrainResult", "logged_runs", "retrain", "retrain_command", "rollback_command"]
+
+#: Fewer logged runs than this to train on: no candidate is fitted.
+MIN_TRAIN_RUNS: Final = 20
+#: The estimator the promotion gate reads.
+GATE_ESTIMATOR: Final = "dr"
+
+
+@dataclass
+class RetrainResult:
+    """What a retrain did: promoted or not, why, and the evidence (what the promotions log holds)."""
+
+    promoted: bool
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    champion: Champion | None = None
+    evaluation: LoggedEvaluation | None = None
+
+
+def logged_runs(log_dir: Path) -> list[Path]:
+    """The service's trace log files, oldest first (rotated ones, then ``traces.jsonl``)."""
+    return log_files(log_dir / "traces.jsonl")
+
+
+def _lines(paths: Sequence[Path]) -> Iterator[bytes]:
+    """The whole lines of JSON Lines files, in order (a line still being written is left out)."""
+    for path in paths:
+        with path.open("rb") as fh:
+            for line in fh:
+                if line.endswith(b"\n") and line.strip():
+                    yield line
+
+
+def _split(paths: Sequence[Path], holdout: float, work: Path) -> tuple[Path, Path, int, int]:
+    """Write the logged runs to ``work/train.jsonl`` and their most recent ``holdout`` share to
+    ``work/holdout.jsonl``; the two counts."""
+    n = sum(1 for _ in _lines(paths))
+    n_hold = math.ceil(holdout * n) if n else 0
+    train, held = work / "train.jsonl", work / "holdout.jsonl"
+    with train.open("wb") as a, held.open("wb") as b:
+        for i, line in enumerate(_lines(paths)):
+            (a if i < n - n_hold else b).write(line)
+    return train, held, n - n_hold, n_hold
+
+
+def _champion_dir(store: ModelStore, given: str | None) -> tuple[Path | None, str]:
+    """The model served now, and where that was read: ``--champion``, the store, the settings."""
+    if given:
+        return Path(given), "--champion"
+    champion = store.champion()
+    if champion is not None:
+        return champion.path, f"the champion of {store.root}"
+    configured = load_settings().resolved_model_dir()
+    return configured, "STOPSERVE_MODEL_DIR" if configured != default_model_dir() else "the shipped default"
+
+
+def retrain(
+    args: argparse.Namespace,
+    *,
+    store: ModelStore,
+    log_dir: Path,
+    log: Any = None,
+) -> RetrainResult:
+    """One retrain with the command's options (see the module docstring); promotes unless ``dry_run``."""
+    say = log if log is not None else (lambda text: None)
+    t0 = time.perf_counter()
+    if getattr(args, "cost_scale", "fixed") != "fixed":
+        raise ConfigError("retrain learns a model of the system it served: --cost-scale fixed (the default)")
+    files = logged_runs(log_dir)
+    if not files:
+        raise TrainingError(f"{log_dir}: no trace log (traces.jsonl): the service has logged no finished run")
+    work = store.root / "work"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    train, held, n_train, n_hold = _split(files, args.holdout, work)
+    corpus = [Path(p) for p in (args.corpus or [])]
+    champion_dir, champion_from = _champion_dir(store, args.champion)
+    base: dict[str, Any] = {
+        "log_dir": str(log_dir),
+        "trained_on": {"logged_runs": n_train, "corpus": [str(p) for p in corpus]},
+        "judged_on": {"runs": n_hold, "holdout": args.holdout},
+        "champion": {"path": None if champion_dir is None else str(champion_dir), "from": champion_from},
+    }
+    if n_hold < MIN_RUNS or n_train < MIN_TRAIN_RUNS:
+        return RetrainResult(
+            False,
+            f"too few logged runs: {n_train} to train on and {n_hold} to judge on (at least {MIN_TRAIN_RUNS} "
+            f"and {MIN_RUNS}); the champion stays",
+            base,
+        )
+    say(f"retrain: {n_train} logged runs to train on (+ {len(corpus)} corpus files), {n_hold} to judge on")
+    learner: PolicyLearner = learner_from_args(args, progress=not args.no_progress)
+    t_fit = time.perf_counter()
+    learner.fit(
+        [str(p) for p in (*corpus, train)],
+        cost_unit=args.cost_unit,
+        labels_from_rewards=args.labels_from_rewards,
+        group_by=args.group_by,
+    )
+    fit_s = time.perf_counter() - t_fit
+    candidate_dir = learner.save(work / "candidate")
+    candidate = Policy.load(candidate_dir, engine=REPLAY_ENGINE)
+    champion = (
+        Policy.load(champion_dir, engine=REPLAY_ENGINE) if champion_dir is not None else Policy.safety_only()
+    )
+    lam = float(learner.cv_["lambda"])
+    t_eval = time.perf_counter()
+    heuristics = tune_heuristics(learner.dp_, lam)
+    policies: dict[str, Policy] = {"candidate": candidate, "champion": champion}
+    for name in HEURISTICS:
+        policies[f"heuristic {name}"] = heuristics[name].policy()
+    source = TraceSource([held])
+    dp = build_decision_points(
+        iter(source),
+        cost_unit=learner.dp_.cost_unit,
+        labels_from_rewards=args.labels_from_rewards,
+        group_by=args.group_by,
+    )
+    order = list(policies)
+    stops = replay_decide(iter(source), dp, lambda i: [policies[n] for n in order], lam=lam)
+    model = candidate if candidate.inference is not None else champion if champion.inference else None
+    ev = evaluate_logged(
+        policies,
+        dp,
+        {n: stops[j] for j, n in enumerate(order)},
+        lam=lam,
+        model=model,
+        groups=dp.group,
+        n_boot=args.n_boot,
+        seed=args.seed,
+    )
+    diff, (lo, hi) = ev.difference("candidate", "champion", GATE_ESTIMATOR)
+    eval_s = time.perf_counter() - t_eval
+    cand_est, champ_est = ev.estimates["candidate"], ev.estimates["champion"]
+    evidence = {
+        **base,
+        "lambda": lam,
+        "cost_unit": dp.cost_unit,
+        "judged_on": {
+            **base["judged_on"],
+            "first": str(dp.trace_id[0]),
+            "last": str(dp.trace_id[-1]),
+            "groups": len(set(dp.group.tolist())),
+        },
+        "candidate": {
+            "version": candidate.model_version,
+            "kind": candidate.kind,
+            "guard": learner.guard_,
+        },
+        "champion": {**base["champion"], "version": champion.model_version, "kind": champion.kind},
+        "best_heuristic": f"heuristic {learner.cv_['best_heuristic']}",
+        "estimates": ev.to_dict()["policies"],
+        "difference": {"estimator": GATE_ESTIMATOR, "mean": diff, "ci90": [lo, hi]},
+        "timings": {"fit_s": fit_s, "evaluate_s": eval_s, "total_s": time.perf_counter() - t0},
+    }
+    if not cand_est.enough:
+        reason = f"the candidate's figure is not supported: {cand_est.why}"
+    elif not champ_est.enough:
+        reason = f"the champion's figure is not supported: {champ_est.why}"
+    elif lo <= 0.0:
+        reason = (
+            f"not better on the {n_hold} held-out runs: candidate − champion = {diff:+.4f} per run, "
+            f"90% interval [{lo:+.4f}, {hi:+.4f}]: its lower end is not above 0"
+        )
+    else:
+        reason = (
+            f"better on the {n_hold} held-out runs: candidate − champion = {diff:+.4f} per run, 90% interval "
+            f"[{lo:+.4f}, {hi:+.4f}]"
+        )
+    promoted = cand_est.enough and champ_est.enough and lo > 0.0
+    result = RetrainResult(promoted, reason, evidence, evaluation=ev)
+    if args.dry_run:
+        return result
+    if promoted:
+        assert candidate.model_version is not None
+        result.champion = store.promote(
+            candidate_dir,
+            version=candidate.model_version,
+            previous={"version": champion.model_version, "path": champion_dir}
+            if champion_dir is not None
+            else None,
+            evidence={**evidence, "reason": reason},
+        )
+    else:
+        kept = store.keep_candidate(candidate_dir)
+        store.log({"kind": "refusal", "candidate": str(kept), "reason": reason, "evidence": evidence})
+    return result
+
+
+def _stores(args: argparse.Namespace) -> tuple[ModelStore, Path]:
+    settings = load_settings()
+    log_dir = Path(args.log_dir) if args.log_dir else settings.log_dir
+    if log_dir is None:
+        raise ConfigError("no log directory: give --log-dir (STOPSERVE_LOG_DIR is empty)")
+    root = args.model_store or settings.model_store or log_dir / "models"
+    return ModelStore(root), log_dir
+
+
+def _table(result: RetrainResult) -> str:
+    ev = result.evaluation
+    if ev is None:
+        return ""
+    rows = [("policy", "IS", "DR", "DR 90% interval", "runs exact/weighted/zeroed/unsupported", "support")]
+    for name, e in ev.estimates.items():
+        rows.append(
+            (
+                name,
+                f"{e.ips:.4f}",
+                f"{e.dr:.4f}",
+                f"[{e.dr_ci90[0]:.4f}, {e.dr_ci90[1]:.4f}]",
+                f"{e.exact}/{e.weighted}/{e.zeroed}/{e.unsupported}",
+                "ok" if e.enough else "too few",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def retrain_command(args: argparse.Namespace) -> int:
+    """``stopserve retrain``: fit, judge off-policy on the newest runs, promote or refuse (exit 0)."""
+    if args.nice:
+        os.nice(args.nice)
+    store, log_dir = _stores(args)
+    with store.lock():
+        result = retrain(args, store=store, log_dir=log_dir, log=lambda text: print(text, file=sys.stderr))
+        if result.evaluation is None and not args.dry_run:
+            store.log({"kind": "refusal", "reason": result.reason, "evidence": result.evidence})
+    if args.json:
+        data = {"promoted": result.promoted, "reason": result.reason, **result.evidence}
+        print(json.dumps(data, default=str))
+    else:
+        table = _table(result)
+        if table:
+            lam = result.evidence.get("lambda")
+            print(f"value per run at lambda {lam:.4g} per {result.evidence.get('cost_unit')}, off-policy:")
+            print(table)
+        verdict = "PROMOTED" if result.promoted else "not promoted"
+        where = f" -> {result.champion.path}" if result.champion is not None else ""
+        print(f"{verdict}{' (dry run)' if args.dry_run else ''}: {result.reason}{where}")
+    return 0
+
+
+def rollback_command(args: argparse.Namespace) -> int:
+    """``stopserve rollback``: the champion before the current one is the champion again."""
+    store, _ = _stores(args)
+    current = store.champion()
+    champion = store.rollback()
+    print(
+        f"rolled back: {current.version if current else None} -> {champion.version} ({champion.path}); "
+        "the service follows within a tick"
+    )
+    return 0

@@ -871,6 +871,14 @@ class Engine:
             trace["costs"] = req.costs
         metrics = dict(req.metrics)
         metrics.setdefault("service_decisions", float(run.n_decisions))
+        # what cost was worth when it was decided: what `stopserve retrain` learns for by default
+        lam, share = run.lam, run.cost_share
+        if lam is None and share is None:
+            lam, share = self.settings.lam, self.settings.cost_share
+        if lam is not None:
+            metrics.setdefault("service_lambda", float(lam))
+        elif share is not None:
+            metrics.setdefault("service_cost_share", float(share))
         trace["metrics"] = metrics
         checked, issues = check_trace(trace)
         if checked is None:

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import orjson
+
 from stopserve.errors import ConfigError, TrainingError
 from stopserve.model_store import Champion, ModelStore
 from stopserve.policy import Policy
@@ -78,16 +80,42 @@ def _lines(paths: Sequence[Path]) -> Iterator[bytes]:
                     yield line
 
 
-def _split(paths: Sequence[Path], holdout: float, work: Path) -> tuple[Path, Path, int, int]:
+def _split(
+    paths: Sequence[Path], holdout: float, work: Path
+) -> tuple[Path, Path, int, int, set[tuple[str, float]]]:
     """Write the logged runs to ``work/train.jsonl`` and their most recent ``holdout`` share to
-    ``work/holdout.jsonl``; the two counts."""
+    ``work/holdout.jsonl``; the two counts, and the objectives the runs were decided at."""
     n = sum(1 for _ in _lines(paths))
     n_hold = math.ceil(holdout * n) if n else 0
     train, held = work / "train.jsonl", work / "holdout.jsonl"
+    objectives: set[tuple[str, float]] = set()
     with train.open("wb") as a, held.open("wb") as b:
         for i, line in enumerate(_lines(paths)):
             (a if i < n - n_hold else b).write(line)
-    return train, held, n - n_hold, n_hold
+            metrics = orjson.loads(line).get("metrics") or {}
+            for key in ("service_lambda", "service_cost_share"):
+                if key in metrics:
+                    objectives.add((key, float(metrics[key])))
+    return train, held, n - n_hold, n_hold, objectives
+
+
+def _objective(args: argparse.Namespace, objectives: set[tuple[str, float]]) -> str:
+    """Set ``args.lam`` / ``args.cost_share`` from the logged runs when none is given; say from where."""
+    if args.lam is not None or args.cost_share is not None:
+        return "given"
+    if not objectives:
+        return "the trainer's default (the runs carry no service_lambda or service_cost_share)"
+    if len(objectives) > 1:
+        seen = ", ".join(f"{k.removeprefix('service_')} {v:g}" for k, v in sorted(objectives))
+        raise ConfigError(
+            f"the logged runs were decided at several cost weights ({seen}): give --lambda or --cost-share"
+        )
+    ((key, value),) = objectives
+    if key == "service_lambda":
+        args.lam = value
+    else:
+        args.cost_share = value
+    return f"the logged runs' {key.removeprefix('service_').replace('_', ' ')} {value:g}"
 
 
 def _champion_dir(store: ModelStore, given: str | None) -> tuple[Path | None, str]:
@@ -120,13 +148,15 @@ def retrain(
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    train, held, n_train, n_hold = _split(files, args.holdout, work)
+    train, held, n_train, n_hold, objectives = _split(files, args.holdout, work)
+    objective = _objective(args, objectives)
     corpus = [Path(p) for p in (args.corpus or [])]
     champion_dir, champion_from = _champion_dir(store, args.champion)
     base: dict[str, Any] = {
         "log_dir": str(log_dir),
         "trained_on": {"logged_runs": n_train, "corpus": [str(p) for p in corpus]},
         "judged_on": {"runs": n_hold, "holdout": args.holdout},
+        "objective": {"lambda": args.lam, "cost_share": args.cost_share, "from": objective},
         "champion": {"path": None if champion_dir is None else str(champion_dir), "from": champion_from},
     }
     if n_hold < MIN_RUNS or n_train < MIN_TRAIN_RUNS:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import ROOT, SHARED_DATA, Section, Target, fmt, parser, percentile
+from _common import ROOT, SHARED_DATA, Section, Target, parser, percentile
 
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -261,8 +261,10 @@ def deployment(topology: str, lam: float, size: dict[str, Any], work: Path, seed
                 champion = Policy.load(champion_path, engine=REPLAY_ENGINE)
                 champ_test = retrains[-1]["candidate_test"]
             print(
-                f"{topology} λ={lam} round {r + 1}: served {rows[-1]['served']:.4f} pure {rows[-1]['pure']:.4f} "
-                f"gap {rows[-1]['gap_pure']:.1%} (test {rows[-1]['gap_test']:.1%}); retrain: {record['kind']} "
+                f"{topology} λ={lam} round {r + 1}: served {rows[-1]['served']:.4f} pure "
+                f"{rows[-1]['pure']:.4f} "
+                f"gap {rows[-1]['gap_pure']:.1%} (test {rows[-1]['gap_test']:.1%}); retrain: "
+                f"{record['kind']} "
                 f"{retrains[-1]['reason'][:90]}",
                 file=sys.stderr,
                 flush=True,
@@ -442,7 +444,7 @@ def real_replay(name: str, size: dict[str, Any], work: Path) -> dict[str, Any] |
 def _heuristic(
     logged: list[dict[str, Any]], lam: float, unit: str, labels: bool, group_by: str, best: str | None
 ) -> Policy:
-    """The best tuned heuristic family (as the retrain's trainer ranked it), tuned on the logged runs as they ran."""
+    """The best tuned heuristic family (as the retrain's trainer ranked it), tuned on the logged runs."""
     from stopserve.training.heuristics import tune_heuristics
     from stopserve.training.labels import build_decision_points
 
@@ -461,7 +463,7 @@ def _heuristic(
 
 
 def retrain_cost(size: dict[str, Any], work: Path) -> dict[str, Any]:
-    """``stopserve retrain`` on a log of ``big`` served runs against ``stopserve train`` on the same traces."""
+    """``stopserve retrain`` on a log of ``big`` served runs against ``stopserve train`` on those traces."""
     work.mkdir(parents=True, exist_ok=True)
     lam = 0.1
     runs = list(simulate(size["big"], seed=4242, topology="all", run_to_cap=True, optimal_lambda=lam))
@@ -499,7 +501,7 @@ def retrain_cost(size: dict[str, Any], work: Path) -> dict[str, Any]:
 
 
 def p99_during_retrain(size: dict[str, Any], work: Path) -> dict[str, Any]:
-    """Decide latency under steady load: quiet windows before and after, windows while a background retrain runs."""
+    """Decide latency under steady load: quiet windows before and after, and while a retrain runs."""
     work.mkdir(parents=True, exist_ok=True)
     lam = 0.1
     n_log = max(200, size["big"] // 5)
@@ -556,7 +558,7 @@ def _load_window(url: str, seconds: float) -> dict[str, Any]:
 def _plot(deployments: list[dict[str, Any]], path: Path) -> None:
     from stopserve.plotting import pyplot, save
 
-    topologies = sorted({d["topology"] for d in deployments}, key=lambda t: SIM_TOPOLOGIES.index(t))
+    topologies = sorted({d["topology"] for d in deployments}, key=SIM_TOPOLOGIES.index)
     lams = sorted({d["lambda"] for d in deployments})
     plt = pyplot()
     fig, axes = plt.subplots(
@@ -647,10 +649,11 @@ def _report_deployments(sec: Section, deployments: list[dict[str, Any]], size: d
     worst = min(finals, key=lambda x: x[2])
     sec.targets.append(
         Target(
-            f"deployment simulator: after {rounds} rounds of {size['runs']:,} runs the served policy reaches >= 90% "
+            f"deployment simulator: after {rounds} rounds of {size['runs']:,} runs the served policy "
+            "reaches >= 90% "
             "of the behavior -> optimum gap, each topology and λ",
             f"lowest {worst[2]:.1%} ({worst[0]}, λ {worst[1]:g}); "
-            + ", ".join(f"{t} λ{l:g} {g:.0%}" for t, l, g in finals),
+            + ", ".join(f"{t} λ{lm:g} {g:.0%}" for t, lm, g in finals),
             ">= 90% each",
             all(g >= 0.9 for _, _, g in finals),
         )
@@ -661,7 +664,8 @@ def _report_deployments(sec: Section, deployments: list[dict[str, Any]], size: d
     sec.targets.append(
         Target(
             "no promotion lowers the true value by more than its interval's width",
-            f"{len(promotions)} promotions, {len(unsafe)} lowered it by more; smallest (change + width) {worst_change:+.4f}",
+            f"{len(promotions)} promotions, {len(unsafe)} lowered it by more; smallest (change + width) "
+            f"{worst_change:+.4f}",
             "0 promotions lower it by more",
             not unsafe if promotions else None,
         )
@@ -674,7 +678,8 @@ def _report_deployments(sec: Section, deployments: list[dict[str, Any]], size: d
     sec.targets.append(
         Target(
             "exploration at 5% costs <= 1% of value in the rounds it runs",
-            f"worst {max(rel, default=math.nan):.1%} of the champion's value ({max(gap_rel, default=math.nan):.1%} of the gap); "
+            f"worst {max(rel, default=math.nan):.1%} of the champion's value "
+            f"({max(gap_rel, default=math.nan):.1%} of the gap); "
             f"mean {np.mean(rel) if rel else math.nan:.1%} over {len(rel)} rounds",
             "<= 1% each round",
             all(x <= 0.01 for x in rel) if rel else None,
@@ -685,15 +690,18 @@ def _report_deployments(sec: Section, deployments: list[dict[str, Any]], size: d
     sec.targets.append(
         Target(
             "off-policy estimates (DR) on held-out logged runs within their 90% interval of the true value",
-            f"{sum(covered)} of {len(covered)} retrains ({np.mean(covered) if covered else math.nan:.0%}); IS "
+            f"{sum(covered)} of {len(covered)} retrains "
+            f"({np.mean(covered) if covered else math.nan:.0%}); IS "
             f"{np.mean([r[w]['covered_ips'] for r, w in judged]) if judged else math.nan:.0%}",
             ">= 85% of rounds",
             (np.mean(covered) >= 0.85) if covered else None,
         )
     )
     sec.add(
-        "Learning curves: value per round of the runs served (with exploration) and of the champion that served "
-        "them (the same runs, no exploration), against the behavior (each run's own stop) and the optimum on the "
+        "Learning curves: value per round of the runs served (with exploration) and of the champion that "
+        "served "
+        "them (the same runs, no exploration), against the behavior (each run's own stop) and the "
+        "optimum on the "
         "same runs; gap closed = (value − behavior) / (optimum − behavior). Round 1 is served by the shipped "
         "default; each later round by what the retrain after the previous round left as champion. "
         "'final' is the champion after the last retrain on a fixed test set of fresh runs.",
@@ -749,7 +757,8 @@ def _report_deployments(sec: Section, deployments: list[dict[str, Any]], size: d
         table,
     )
     sec.add(
-        "Each retrain (after each round): what it decided, its doubly robust estimate of candidate − champion on the held-out runs, and the truth.",
+        "Each retrain (after each round): what it decided, its doubly robust estimate of candidate − "
+        "champion on the held-out runs, and the truth.",
         "",
     )
     rt = []
@@ -797,10 +806,12 @@ def _report_real(sec: Section, reals: list[dict[str, Any]]) -> None:
     below = [r for r in reals if r["champion_minus_heuristic"] < 0]
     sec.targets.append(
         Target(
-            "real replays: after retraining on 2,000 logged runs of one real system, the promoted model is never below "
+            "real replays: after retraining on 2,000 logged runs of one real system, the promoted model "
+            "is never below "
             "the best tuned heuristic on that system's next runs",
             "; ".join(
-                f"{r['system']}: {'promoted' if r['promoted'] else 'not promoted'}, champion − heuristic {r['champion_minus_heuristic']:+.4f}"
+                f"{r['system']}: {'promoted' if r['promoted'] else 'not promoted'}, champion − heuristic "
+                f"{r['champion_minus_heuristic']:+.4f}"
                 for r in reals
             ),
             "champion − best heuristic >= 0 on every system",
@@ -831,7 +842,8 @@ def _report_real(sec: Section, reals: list[dict[str, Any]]) -> None:
                 f"{r['values']['best_heuristic']:.3g} ({r['best_heuristic']})",
                 r["values"]["default"],
                 r["values"]["logged"],
-                f"{r['champion_minus_heuristic']:+.4f} [{r['champion_minus_heuristic_ci90'][0]:+.4f}, {r['champion_minus_heuristic_ci90'][1]:+.4f}]",
+                f"{r['champion_minus_heuristic']:+.4f} [{r['champion_minus_heuristic_ci90'][0]:+.4f}, "
+                f"{r['champion_minus_heuristic_ci90'][1]:+.4f}]",
             ]
             for r in reals
         ],
@@ -841,7 +853,8 @@ def _report_real(sec: Section, reals: list[dict[str, Any]]) -> None:
 def _report_cost(sec: Section, cost: dict[str, Any], p99: dict[str, Any], size: dict[str, Any]) -> None:
     sec.targets.append(
         Target(
-            f"a retrain round of {cost['runs']:,} runs finishes in <= 2x the time `stopserve train` takes on the same traces",
+            f"a retrain round of {cost['runs']:,} runs finishes in <= 2x the time `stopserve train` "
+            "takes on the same traces",
             f"retrain {cost['retrain_s']:.0f} s, train {cost['train_s']:.0f} s: {cost['ratio']:.2f}x",
             "<= 2x",
             cost["ratio"] <= 2.0,

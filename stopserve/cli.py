@@ -285,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
         "shipped default)",
     )
     p.add_argument(
+        "--candidate",
+        metavar="DIR",
+        help="judge this model directory (one you trained) instead of fitting a candidate",
+    )
+    p.add_argument(
         "--holdout",
         type=_fraction,
         default=0.3,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stopserve.api import ChallengerInfo
-from stopserve.errors import ConfigError, Issue
+from stopserve.errors import ConfigError, Issue, ModelNotFoundError
 from stopserve.policy import Policy, StopDecision
 
 __all__ = ["Challenger", "Challengers", "ShadowCall", "challenger_dirs"]
@@ -123,11 +123,11 @@ class Challengers:
         return challenger
 
     def remove(self, name: str) -> None:
-        """Drop a challenger; an unknown name is a :class:`ConfigError` naming the ones there are."""
+        """Drop a challenger; an unknown name is a :class:`ModelNotFoundError` (404) naming the others."""
         with self._lock:
             if name not in self._by_name:
                 known = ", ".join(sorted(self._by_name)) or "none"
-                raise ConfigError(
+                raise ModelNotFoundError(
                     f"no challenger named {name!r} (challengers: {known})",
                     [Issue("unknown name", path="name")],
                 )

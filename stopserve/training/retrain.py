@@ -29,7 +29,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -41,13 +41,21 @@ from stopserve.model_store import Champion, ModelStore
 from stopserve.policy import Policy
 from stopserve.service.log import log_files
 from stopserve.settings import default_model_dir, load_settings
-from stopserve.training.fit import PolicyLearner, TraceSource, learner_from_args
-from stopserve.training.heuristics import HEURISTICS, tune_heuristics
+from stopserve.training.fit import DEFAULT_COST_SHARE, PolicyLearner, TraceSource, learner_from_args
+from stopserve.training.heuristics import tune_heuristics
 from stopserve.training.labels import build_decision_points
 from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged
 from stopserve.training.replay import REPLAY_ENGINE, replay_decide
 
-__all__ = ["RetrainResult", "logged_runs", "retrain", "retrain_command", "rollback_command"]
+__all__ = [
+    "Judgement",
+    "RetrainResult",
+    "judge",
+    "logged_runs",
+    "retrain",
+    "retrain_command",
+    "rollback_command",
+]
 
 #: Fewer logged runs than this to train on: no candidate is fitted.
 MIN_TRAIN_RUNS: Final = 20
@@ -167,85 +175,72 @@ def retrain(
             base,
         )
     say(f"retrain: {n_train} logged runs to train on (+ {len(corpus)} corpus files), {n_hold} to judge on")
-    learner: PolicyLearner = learner_from_args(args, progress=not args.no_progress)
     t_fit = time.perf_counter()
-    learner.fit(
-        [str(p) for p in (*corpus, train)],
-        cost_unit=args.cost_unit,
-        labels_from_rewards=args.labels_from_rewards,
-        group_by=args.group_by,
-    )
+    trained_on = [str(p) for p in (*corpus, train)]
+    guard: dict[str, Any] | None = None
+    best: str | None = None
+    if args.candidate:
+        candidate_dir = Path(args.candidate)
+        train_dp = build_decision_points(
+            iter(TraceSource(trained_on)),
+            cost_unit=args.cost_unit,
+            labels_from_rewards=args.labels_from_rewards,
+            group_by=args.group_by,
+        )
+        mean_cost = float(train_dp.trace_c_final.mean())
+        given = args.cost_share if args.cost_share is not None else DEFAULT_COST_SHARE
+        lam = float(args.lam) if args.lam is not None else (given / mean_cost if mean_cost > 0 else 0.0)
+    else:
+        learner: PolicyLearner = learner_from_args(args, progress=not args.no_progress)
+        learner.fit(
+            trained_on,
+            cost_unit=args.cost_unit,
+            labels_from_rewards=args.labels_from_rewards,
+            group_by=args.group_by,
+        )
+        candidate_dir = learner.save(work / "candidate")
+        train_dp, lam = learner.dp_, float(learner.cv_["lambda"])
+        guard, best = learner.guard_, f"heuristic {learner.cv_['best_heuristic']}"
     fit_s = time.perf_counter() - t_fit
-    candidate_dir = learner.save(work / "candidate")
     candidate = Policy.load(candidate_dir, engine=REPLAY_ENGINE)
     champion = (
         Policy.load(champion_dir, engine=REPLAY_ENGINE) if champion_dir is not None else Policy.safety_only()
     )
-    lam = float(learner.cv_["lambda"])
     t_eval = time.perf_counter()
-    heuristics = tune_heuristics(learner.dp_, lam)
-    policies: dict[str, Policy] = {"candidate": candidate, "champion": champion}
-    for name in HEURISTICS:
-        policies[f"heuristic {name}"] = heuristics[name].policy()
-    source = TraceSource([held])
-    dp = build_decision_points(
-        iter(source),
-        cost_unit=learner.dp_.cost_unit,
+    heuristics = {f"heuristic {n}": h.policy() for n, h in tune_heuristics(train_dp, lam).items()}
+    # each policy replayed as the service serves it: with the cost weight the runs are decided at
+    share = args.cost_share if args.cost_share is not None else DEFAULT_COST_SHARE
+    asked = {"lam": lam} if args.lam is not None else {"cost_share": share}
+    verdict = judge(
+        candidate,
+        champion,
+        held,
+        lam=lam,
+        objective=asked,
+        heuristics=heuristics,
+        cost_unit=train_dp.cost_unit,
         labels_from_rewards=args.labels_from_rewards,
         group_by=args.group_by,
-    )
-    order = list(policies)
-    stops = replay_decide(iter(source), dp, lambda i: [policies[n] for n in order], lam=lam)
-    model = candidate if candidate.inference is not None else champion if champion.inference else None
-    ev = evaluate_logged(
-        policies,
-        dp,
-        {n: stops[j] for j, n in enumerate(order)},
-        lam=lam,
-        model=model,
-        groups=dp.group,
         n_boot=args.n_boot,
         seed=args.seed,
     )
-    diff, (lo, hi) = ev.difference("candidate", "champion", GATE_ESTIMATOR)
     eval_s = time.perf_counter() - t_eval
-    cand_est, champ_est = ev.estimates["candidate"], ev.estimates["champion"]
+    ev = verdict.evaluation
     evidence = {
         **base,
-        "lambda": lam,
-        "cost_unit": dp.cost_unit,
-        "judged_on": {
-            **base["judged_on"],
-            "first": str(dp.trace_id[0]),
-            "last": str(dp.trace_id[-1]),
-            "groups": len(set(dp.group.tolist())),
-        },
+        **verdict.evidence,
+        "judged_on": {**base["judged_on"], **verdict.evidence["judged_on"]},
         "candidate": {
+            "path": str(candidate_dir) if args.candidate else None,
             "version": candidate.model_version,
             "kind": candidate.kind,
-            "guard": learner.guard_,
+            "guard": guard,
         },
         "champion": {**base["champion"], "version": champion.model_version, "kind": champion.kind},
-        "best_heuristic": f"heuristic {learner.cv_['best_heuristic']}",
-        "estimates": ev.to_dict()["policies"],
-        "difference": {"estimator": GATE_ESTIMATOR, "mean": diff, "ci90": [lo, hi]},
+        "best_heuristic": best,
         "timings": {"fit_s": fit_s, "evaluate_s": eval_s, "total_s": time.perf_counter() - t0},
     }
-    if not cand_est.enough:
-        reason = f"the candidate's figure is not supported: {cand_est.why}"
-    elif not champ_est.enough:
-        reason = f"the champion's figure is not supported: {champ_est.why}"
-    elif lo <= 0.0:
-        reason = (
-            f"not better on the {n_hold} held-out runs: candidate − champion = {diff:+.4f} per run, "
-            f"90% interval [{lo:+.4f}, {hi:+.4f}]: its lower end is not above 0"
-        )
-    else:
-        reason = (
-            f"better on the {n_hold} held-out runs: candidate − champion = {diff:+.4f} per run, 90% interval "
-            f"[{lo:+.4f}, {hi:+.4f}]"
-        )
-    promoted = cand_est.enough and champ_est.enough and lo > 0.0
+    promoted, reason = verdict.promoted, verdict.reason
     result = RetrainResult(promoted, reason, evidence, evaluation=ev)
     if args.dry_run:
         return result
@@ -263,6 +258,92 @@ def retrain(
         kept = store.keep_candidate(candidate_dir)
         store.log({"kind": "refusal", "candidate": str(kept), "reason": reason, "evidence": evidence})
     return result
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The promotion gate's answer, its reason in words and the off-policy figures behind it."""
+
+    promoted: bool
+    reason: str
+    evaluation: LoggedEvaluation
+    evidence: dict[str, Any]
+
+
+def judge(
+    candidate: Policy,
+    champion: Policy,
+    held: Path,
+    *,
+    lam: float,
+    objective: Mapping[str, float],
+    heuristics: Mapping[str, Policy] | None = None,
+    cost_unit: str | None = None,
+    labels_from_rewards: bool = False,
+    group_by: str = "task",
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> Judgement:
+    """Judge ``candidate`` against ``champion`` off-policy on the logged runs in ``held``.
+
+    Every policy is replayed through its own ``decide`` with ``objective`` (``lam`` or
+    ``cost_share``, as the service is asked); values are ``q − lam·c``. The candidate is
+    promoted only when both figures are supported and the lower end of the paired 90%
+    interval of (candidate − champion), doubly robust, is above 0.
+    """
+    policies: dict[str, Policy] = {"candidate": candidate, "champion": champion, **(heuristics or {})}
+    source = TraceSource([held])
+    dp = build_decision_points(
+        iter(source), cost_unit=cost_unit, labels_from_rewards=labels_from_rewards, group_by=group_by
+    )
+    order = list(policies)
+    stops = replay_decide(
+        iter(source),
+        dp,
+        lambda i: [policies[n] for n in order],
+        lam=objective.get("lam"),
+        cost_share=objective.get("cost_share"),
+    )
+    model = candidate if candidate.inference is not None else champion if champion.inference else None
+    ev = evaluate_logged(
+        policies,
+        dp,
+        {n: stops[j] for j, n in enumerate(order)},
+        lam=lam,
+        model=model,
+        groups=dp.group,
+        n_boot=n_boot,
+        seed=seed,
+    )
+    diff, (lo, hi) = ev.difference("candidate", "champion", GATE_ESTIMATOR)
+    cand, champ = ev.estimates["candidate"], ev.estimates["champion"]
+    n = dp.n_traces
+    if not cand.enough:
+        reason = f"the candidate's figure is not supported: {cand.why}"
+    elif not champ.enough:
+        reason = f"the champion's figure is not supported: {champ.why}"
+    elif lo <= 0.0:
+        reason = (
+            f"not better on the {n} held-out runs: candidate − champion = {diff:+.4f} per run, "
+            f"90% interval [{lo:+.4f}, {hi:+.4f}]: its lower end is not above 0"
+        )
+    else:
+        reason = (
+            f"better on the {n} held-out runs: candidate − champion = {diff:+.4f} per run, 90% interval "
+            f"[{lo:+.4f}, {hi:+.4f}]"
+        )
+    evidence = {
+        "lambda": lam,
+        "cost_unit": dp.cost_unit,
+        "judged_on": {
+            "first": str(dp.trace_id[0]),
+            "last": str(dp.trace_id[-1]),
+            "groups": len(set(dp.group.tolist())),
+        },
+        "estimates": ev.to_dict()["policies"],
+        "difference": {"estimator": GATE_ESTIMATOR, "mean": diff, "ci90": [lo, hi]},
+    }
+    return Judgement(cand.enough and champ.enough and lo > 0.0, reason, ev, evidence)
 
 
 def _stores(args: argparse.Namespace) -> tuple[ModelStore, Path]:

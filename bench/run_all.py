@@ -39,6 +39,7 @@ SECTIONS: list[tuple[str, int]] = [
     ("bench_decide.py", 900),
     ("bench_train.py", 1800),
     ("bench_quality.py", 1800),
+    ("bench_default.py", 3600),
     ("bench_simulate.py", 600),
     ("bench_client.py", 300),
     ("bench_hook.py", 300),

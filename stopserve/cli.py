@@ -23,7 +23,7 @@ __all__ = ["build_parser", "main"]
 _RUNNERS: Final[dict[str, str]] = {
     "validate": "stopserve.commands:validate",
     "import": "stopserve.commands:import_traces",
-    "features": "stopserve.training.labels:features_command",
+    "features": "stopserve.training.commands:features_command",
     "train": "stopserve.training.fit:train_command",
     "evaluate": "stopserve.training.evaluate:evaluate_command",
     "retrain": "stopserve.training.retrain:retrain_command",

@@ -26,6 +26,7 @@ OWN_SCRIPTS = [
     "bench_inference.py",
     "bench_train.py",
     "bench_quality.py",
+    "bench_default.py",
     "bench_serve.py",
     "bench_hook.py",
 ]
@@ -120,6 +121,17 @@ def test_quality_smoke(workdir: Path) -> None:
     # without ../shared/data (a fresh clone) the real sets are left out, and the section says so
     absent = None if SHARED_DATA.exists() else "no real runs under"
     assert _measured(doc, "simulator", left_out=absent)
+
+
+def test_default_smoke(workdir: Path) -> None:
+    if not SHARED_DATA.exists():
+        pytest.skip(f"{SHARED_DATA} not found: the default model's benchmark needs the real runs")
+    doc = _run("bench_default.py", workdir)
+    per = doc["data"]["results"]["shipped recipe"]["per_system"]
+    # every system of the corpus is held out once and reported
+    assert {"mini-swe-agent", "mint", "intercode-sql", "sim-debate"} <= set(per)
+    assert all(r["runs"] > 0 and r["oracle"] >= r["behavior"] - 1e-9 for r in per.values())
+    assert len(doc["targets"]) == 4
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install -y wrk)")

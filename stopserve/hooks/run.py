@@ -59,6 +59,9 @@ from stopserve.importers._transcript import TranscriptMapper, read_lines
 
 __all__ = ["Decide", "HookOptions", "ServiceError", "classify_error", "hook_command", "post_json", "run_hook"]
 
+#: What a session's calls ask of the service's config: no turn limit or time budget (a session is
+#: no run with an end of its own); ``--safety`` keys go on top.
+SESSION_SAFETY: Final[dict[str, Any]] = {"max_turns": None, "max_seconds": None}
 #: events kept for the service while it cannot be reached (the newest win)
 MAX_PENDING: Final = 2000
 #: transcript bytes read per call (the rest waits for the next call)
@@ -381,8 +384,9 @@ def run_hook(
                 body.update(task_id=inp.session_id, system=opts.harness, topology="harness")
             if opts.lam is not None:
                 body["lambda"] = opts.lam
-            if opts.safety is not None:
-                body["safety"] = opts.safety
+            # a session is open-ended (resumed tomorrow, hundreds of tool calls in a day's work): no
+            # turn limit or time budget unless asked for; the loop detector and the rest stay as served
+            body["safety"] = {**SESSION_SAFETY, **(opts.safety or {})}
             try:
                 decision = decide(inp.run_id, body, deadline - time.monotonic())
                 pending = []

@@ -290,6 +290,8 @@ class Engine:
                 raise
             self._serving = new
             self.learning.following = following
+            with self._cache_lock:  # requests' configs were merged onto the old model's own
+                self._safety_cache.clear()
             self.metrics.set_model(new.policy.model_version, new.policy.kind)
             self.metrics.reloads.labels(result="ok").inc()
             _log.info("reloaded model %s -> %s", old.policy.model_version, new.policy.model_version)
@@ -1044,14 +1046,17 @@ class Engine:
         return base.replace(quality_met=req.quality_target)
 
     def _safety(self, raw: dict[str, Any]) -> SafetyConfig:
+        """A request's config: its keys over the config in force (the service's, else the model's)."""
         issues = _out_of_range(raw, "safety", 0)
         if issues:
             raise ConfigError("invalid safety config in 'safety'", issues)
-        key = orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)
+        policy = self.serving.policy
+        key = orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)  # cleared when a reload swaps the model
         cached = self._safety_cache.get(key)
         if cached is not None:
             return cached
-        cfg = self._parse_safety(raw, "safety")
+        base = self._default_safety or policy.safety
+        cfg = self._parse_safety({**base.to_dict(), **raw}, "safety")
         assert cfg is not None
         with self._cache_lock:
             self._safety_cache[key] = cfg

@@ -61,7 +61,7 @@ from stopserve.policy import Policy
 from stopserve.progress import progress_bar
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Trace, read_traces
-from stopserve.training.fit import EARLY_STOPPING, TraceSource
+from stopserve.training.backend import EARLY_STOPPING, TraceSource
 from stopserve.training.labels import (
     DecisionPart,
     DecisionPoints,
@@ -836,7 +836,7 @@ def features_dask_command(args: argparse.Namespace) -> int:
             )
             _err(f"wrote {n_rows} decision points to {n_files} Parquet files in {args.parquet} ({unit})")
             return 0
-        assert backend is not None  # CSV without --dask is labels.features_command's own path
+        assert backend is not None  # CSV without --dask is commands.features_command's own path
         dp = backend.decision_points(
             source,
             cost_unit=args.cost_unit,

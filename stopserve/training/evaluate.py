@@ -43,7 +43,7 @@ from stopserve.errors import TrainingError
 from stopserve.features import RunState
 from stopserve.policy import Policy
 from stopserve.trace import Trace
-from stopserve.training.fit import Backend, LocalBackend, TraceSource
+from stopserve.training.backend import Backend, LocalBackend, TraceSource
 from stopserve.training.heuristics import (
     HEURISTICS,
     FamilyRanking,
@@ -310,19 +310,25 @@ def evaluate(
 
     optimal: FloatArray | None = None
     if np.isfinite(dp.optimal_value).all():
-        lam_ok = (
-            not by_share
-            and np.isfinite(dp.optimal_lambda).all()
-            and bool(np.allclose(dp.optimal_lambda, value_lam))
+        # the optimum is comparable where it was solved at the λ this evaluation values at: the
+        # λ given, or with a cost share each data set's share / mean behavior cost (ktokens)
+        if by_share:
+            means = scales if scales is not None else dp.mean_costs()
+            lam_eval = np.asarray([value_lam / means.get(str(d), 1.0) for d in dp.dataset])
+        else:
+            lam_eval = np.full(dp.n_traces, value_lam)
+        lam_ok = np.isfinite(dp.optimal_lambda).all() and bool(
+            np.allclose(dp.optimal_lambda, lam_eval, rtol=1e-6, atol=1e-12)
         )
         if lam_ok and dp.cost_unit == "ktokens":
             optimal = dp.optimal_value
         else:
             notes.append(
                 "traces carry metrics.optimal_value but at another lambda or cost unit "
-                f"(optimal_lambda {np.unique(dp.optimal_lambda)[:3].tolist()}, unit ktokens): "
-                "'optimal' not reported (evaluate simulator traces with --cost-unit ktokens and their "
-                "--lambda)"
+                f"(optimal_lambda {np.unique(dp.optimal_lambda)[:3].tolist()}, asked "
+                f"{np.unique(lam_eval)[:3].tolist()} per ktoken): 'optimal' not reported (simulate the "
+                "evaluated traces with --optimal --lambda at the lambda evaluated: with a cost share, "
+                "the share / the mean behavior cost of the --tune-on traces)"
             )
     elif np.isfinite(dp.optimal_value).any():
         notes.append("only some traces carry metrics.optimal_value: 'optimal' not reported")

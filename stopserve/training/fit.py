@@ -41,11 +41,10 @@ import hashlib
 import math
 import sys
 import time
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -57,7 +56,8 @@ from stopserve.features import FEATURE_NAMES, scale_free_features
 from stopserve.policy import METHOD_MODELS, Policy
 from stopserve.progress import progress_bar
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
-from stopserve.trace import Trace, read_traces
+from stopserve.trace import Trace
+from stopserve.training.backend import EARLY_STOPPING, Backend, LocalBackend, TraceSource, Trainer
 from stopserve.training.heuristics import (
     HEURISTICS,
     LOGO_MAX_GROUPS,
@@ -72,8 +72,8 @@ from stopserve.training.heuristics import (
     replay,
     tune_heuristics,
 )
-from stopserve.training.labels import DecisionPoints, FloatArray, IntArray, build_decision_points
-from stopserve.training.replay import REPLAY_ENGINE, replay_decide, replay_rows
+from stopserve.training.labels import DecisionPoints, FloatArray, IntArray
+from stopserve.training.replay import REPLAY_ENGINE, replay_rows
 from stopserve.training.tuning import ALL_RULES, Floors, Tuned, learned_mask, tune_policy
 
 __all__ = [
@@ -120,7 +120,6 @@ DEFAULT_PARAMS: Final[dict[str, Any]] = {
     "num_threads": 1,
 }
 MAX_ROUNDS: Final = 300
-EARLY_STOPPING: Final = 30
 #: Inverse-propensity weights are clipped here (variance control).
 MAX_IPW: Final = 20.0
 #: Passes of fitted backward induction for ``method="optimal"``.
@@ -135,154 +134,6 @@ _TARGET_DOC: Final = {
     "s": "E[q_t | s_t]: quality handed back if the run stops now",
     "c": "E[q_tau - lambda (c_tau - c_t) | s_t] under the fitted later rule (method optimal)",
 }
-
-
-# --------------------------------------------------------------------------- traces, twice
-
-
-class TraceSource:
-    """Traces that can be walked more than once: a list of traces, or files read again each time.
-
-    The learner folds the traces twice (decision points, then replays through
-    ``decide``); from files nothing but one trace at a time is held in memory.
-    """
-
-    def __init__(self, traces: Iterable[Trace] | Sequence[str | Path]) -> None:
-        items = list(traces)
-        self._paths: list[str | Path] | None = None
-        self._traces: list[Trace] | None = None
-        if items and all(isinstance(x, str | Path) for x in items):
-            self._paths = [x for x in items if isinstance(x, str | Path)]
-        else:
-            self._traces = [x for x in items if isinstance(x, Trace)]
-            if len(self._traces) != len(items):
-                raise TrainingError("traces must be Trace objects or paths of trace files, not a mix")
-
-    def __iter__(self) -> Iterator[Trace]:
-        if self._paths is not None:
-            return iter(read_traces(self._paths, errors="all"))  # every bad trace listed, as validate does
-        return iter(self._traces or [])
-
-    @property
-    def paths(self) -> list[str | Path] | None:
-        """The trace files, in order; None when the traces are held in memory."""
-        return None if self._paths is None else list(self._paths)
-
-    @property
-    def traces(self) -> list[Trace] | None:
-        """The traces held in memory, in order; None when they are read from files."""
-        return None if self._traces is None else list(self._traces)
-
-
-# --------------------------------------------------------------------------- where the work runs
-
-
-class Trainer(Protocol):
-    """Trains boosters on row subsets of the learner's decision points."""
-
-    seconds: float
-
-    def train(
-        self, target: Any, train_rows: IntArray, valid_rows: IntArray | None, rounds: int, seed: int
-    ) -> tuple[Any, int]:
-        """A booster cut at its best iteration (early stopping on ``valid_rows``), and that iteration."""
-        ...
-
-
-class Backend(Protocol):
-    """Where the learner builds decision points, trains boosters and replays policies.
-
-    :class:`LocalBackend` (the default) does all of it in this process;
-    ``stopserve.training.distributed.DaskBackend`` on a Dask cluster. Both give the
-    same decision points and replays; the boosters agree up to LightGBM's distributed
-    binning and bagging (``docs/distributed.md``).
-    """
-
-    def decision_points(
-        self,
-        source: TraceSource,
-        *,
-        cost_unit: str | None,
-        labels_from_rewards: bool,
-        group_by: str,
-        progress: bool,
-        nets: SafetyConfig | None,
-        normalize_cost: bool,
-        cost_scales: Mapping[str, float] | None = None,
-        evidence: Evidence = DEFAULT_EVIDENCE,
-    ) -> DecisionPoints:
-        """:func:`stopserve.training.labels.build_decision_points` of the source's traces."""
-        ...
-
-    def trainer(
-        self, matrix: FloatArray, weight: FloatArray, params: Mapping[str, Any], used: Sequence[str]
-    ) -> Trainer:
-        """A trainer on the last decision points built (``matrix``: their features, ``used`` masked)."""
-        ...
-
-    def replay(
-        self,
-        source: TraceSource,
-        dp: DecisionPoints,
-        policies_for: Callable[[int], Sequence[Any]],
-        *,
-        lam: float | None = None,
-        cost_share: float | None = None,
-        progress: bool = False,
-    ) -> IntArray:
-        """:func:`stopserve.training.replay.replay_decide` on the source's traces."""
-        ...
-
-
-class LocalBackend:
-    """Everything in this process: one pass over the traces, one binned matrix."""
-
-    def decision_points(
-        self,
-        source: TraceSource,
-        *,
-        cost_unit: str | None,
-        labels_from_rewards: bool,
-        group_by: str,
-        progress: bool,
-        nets: SafetyConfig | None,
-        normalize_cost: bool,
-        cost_scales: Mapping[str, float] | None = None,
-        evidence: Evidence = DEFAULT_EVIDENCE,
-    ) -> DecisionPoints:
-        """:func:`stopserve.training.labels.build_decision_points` of the source's traces."""
-        return build_decision_points(
-            iter(source),
-            cost_unit=cost_unit,
-            labels_from_rewards=labels_from_rewards,
-            group_by=group_by,
-            progress=progress,
-            nets=nets,
-            normalize_cost=normalize_cost,
-            cost_scales=cost_scales,
-            evidence=evidence,
-        )
-
-    def trainer(
-        self, matrix: FloatArray, weight: FloatArray, params: Mapping[str, Any], used: Sequence[str]
-    ) -> Trainer:
-        """Boosters on row subsets of ``matrix``, binned once."""
-        return _Trainer(matrix, weight, params)
-
-    def replay(
-        self,
-        source: TraceSource,
-        dp: DecisionPoints,
-        policies_for: Callable[[int], Sequence[Any]],
-        *,
-        lam: float | None = None,
-        cost_share: float | None = None,
-        progress: bool = False,
-    ) -> IntArray:
-        """:func:`stopserve.training.replay.replay_decide` on the source's traces, in order."""
-        return replay_decide(
-            iter(source), dp, policies_for, lam=lam, cost_share=cost_share, progress=progress
-        )
 
 
 # --------------------------------------------------------------------------- helpers
@@ -384,8 +235,6 @@ class _Target:
     objective: str
     #: rows this target learns from (None: all)
     rows: BoolArray | None = None
-    #: the quantile a ``quantile`` objective estimates
-    alpha: float | None = None
 
     @property
     def transform(self) -> str:
@@ -393,74 +242,10 @@ class _Target:
         return "sigmoid" if self.objective == "cross_entropy" else "identity"
 
 
-class _Trainer:
-    """Trains boosters on row subsets of one binned matrix (bins computed once)."""
-
-    def __init__(self, matrix: FloatArray, weight: FloatArray, params: Mapping[str, Any]) -> None:
-        import lightgbm as lgb
-
-        self._lgb = lgb
-        self.weight = weight
-        self.params = dict(params)
-        self.seconds = 0.0
-        self._ref = lgb.Dataset(
-            matrix,
-            label=np.zeros(matrix.shape[0]),
-            feature_name=list(FEATURE_NAMES),
-            free_raw_data=False,
-            params={"verbose": -1, "max_bin": self.params.get("max_bin", 255)},
-        ).construct()
-
-    def _dataset(self, rows: IntArray, y: FloatArray) -> Any:
-        ds = self._ref.subset(rows)  # type: ignore[arg-type]  # an index array works and avoids a list
-        ds.construct()
-        ds.set_label(y[rows])
-        ds.set_weight(self.weight[rows])
-        return ds
-
-    def train(
-        self, target: _Target, train_rows: IntArray, valid_rows: IntArray | None, rounds: int, seed: int
-    ) -> tuple[Any, int]:
-        """A booster cut at its best iteration (early stopping on ``valid_rows``), and that iteration."""
-        if target.rows is not None:
-            train_rows = train_rows[target.rows[train_rows]]
-            if valid_rows is not None:
-                valid_rows = valid_rows[target.rows[valid_rows]]
-        params = {**self.params, "objective": target.objective, "seed": seed}
-        if target.alpha is not None:
-            params["alpha"] = target.alpha
-        params.pop("max_bin", None)
-        train_set = self._dataset(train_rows, target.y)
-        callbacks: list[Any] = []
-        valid_sets: list[Any] = []
-        if valid_rows is not None and valid_rows.size:
-            valid_sets = [self._dataset(valid_rows, target.y)]
-            callbacks = [self._lgb.early_stopping(EARLY_STOPPING, verbose=False)]
-        t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            booster = self._lgb.train(
-                params, train_set, num_boost_round=rounds, valid_sets=valid_sets, callbacks=callbacks
-            )
-        self.seconds += time.perf_counter() - t0
-        best = booster.best_iteration if booster.best_iteration > 0 else booster.current_iteration()
-        # served policies evaluate every tree: keep exactly the trees the fit chose
-        cut = self._lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
-        return cut, int(best)
-
-
-def _targets(
-    dp: DecisionPoints, uncensored: BoolArray | None = None, gain_quantile: float | None = None
-) -> dict[str, _Target]:
-    """The boosters' targets; ``uncensored`` (rows) limits G to runs that ended on their own;
-    ``gain_quantile`` makes G that quantile of the gain, not its mean (an optimistic G)."""
-    gain = dp.q_final - dp.q
+def _targets(dp: DecisionPoints, uncensored: BoolArray | None = None) -> dict[str, _Target]:
+    """The boosters' targets; ``uncensored`` (rows) limits G to runs that ended on their own."""
     return {
-        "g": (
-            _Target("g", gain, "regression", rows=uncensored)
-            if gain_quantile is None
-            else _Target("g", gain, "quantile", rows=uncensored, alpha=gain_quantile)
-        ),
+        "g": _Target("g", dp.q_final - dp.q, "regression", rows=uncensored),
         "k": _Target("k", k_target(dp), "regression"),
         # the outcome filled in at a run's own end is not what an early stop hands back: S learns
         # from the qualities a stop can take (grades, rewards), not from where the run ended anyway
@@ -594,7 +379,6 @@ class PolicyLearner:
         censored: str = "auto",
         floors: Floors | None = None,
         overrules: Sequence[str] | None = None,
-        gain_quantile: float | None = None,
         evidence: Evidence | None = None,
         inner_cv: bool = False,
     ) -> None:
@@ -619,7 +403,6 @@ class PolicyLearner:
         self.censored = censored
         self.floors = floors
         self.overrules = overrules
-        self.gain_quantile = gain_quantile
         self.evidence = evidence
         self.inner_cv = inner_cv
 
@@ -884,7 +667,7 @@ class PolicyLearner:
             trainer=self._backend().trainer(X, weight, params, used),
             trace_fold=trace_fold,
             folds=_folds(dp, trace_fold, self.seed, inner_cv=self.inner_cv),
-            targets=_targets(dp, uncensored, self.gain_quantile),
+            targets=_targets(dp, uncensored),
             notes=notes,
             overrules=self._overrules(),
         )

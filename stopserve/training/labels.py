@@ -17,7 +17,6 @@ with task success worth $5, ``lam = 0.2`` per usd.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import sys
@@ -47,7 +46,6 @@ __all__ = [
     "choose_cost_unit",
     "decision_part",
     "feature_columns",
-    "features_command",
     "fold_events",
     "load_decision_points",
     "write_features_csv",
@@ -719,22 +717,6 @@ def feature_columns(dp: DecisionPoints) -> dict[str, npt.NDArray[Any]]:
             cols[name] = dp.X[:, j]
     cols.update(q_t=dp.q, c_t=dp.c, q_final=dp.q_final, cost_to_go=dp.cost_to_go())
     return cols
-
-
-def features_command(args: argparse.Namespace) -> int:
-    """``stopserve features TRACES (-o CSV | --parquet DIR) [--dask ADDRESS|local:N]``."""
-    if args.parquet is not None or args.dask is not None:
-        from stopserve.training.distributed import features_dask_command
-
-        return features_dask_command(args)
-    dp = load_decision_points(
-        args.traces,
-        cost_unit=args.cost_unit,
-        labels_from_rewards=args.labels_from_rewards,
-        progress=not args.no_progress,
-    )
-    write_features_csv(dp, args.output)
-    return 0
 
 
 def write_features_csv(dp: DecisionPoints, path: str | Path) -> None:

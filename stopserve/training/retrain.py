@@ -41,7 +41,8 @@ from stopserve.model_store import Champion, ModelStore
 from stopserve.policy import Policy
 from stopserve.service.log import log_files
 from stopserve.settings import default_model_dir, load_settings
-from stopserve.training.fit import DEFAULT_COST_SHARE, PolicyLearner, TraceSource, learner_from_args
+from stopserve.training.backend import TraceSource
+from stopserve.training.fit import DEFAULT_COST_SHARE, PolicyLearner, learner_from_args
 from stopserve.training.heuristics import tune_heuristics
 from stopserve.training.labels import build_decision_points
 from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged

@@ -64,8 +64,9 @@ def records(state: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+def _now(offset: float = 0.0) -> str:
+    t = time.time() + offset
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
 
 
 class ClaudeSession:
@@ -82,6 +83,11 @@ class ClaudeSession:
         self.main_path = folder / f"{session_id}.jsonl"
         self._n = 0
         self.prompt = 0
+        self.offset = 0.0  # seconds the transcript's clock runs ahead of the wall's
+
+    def later(self, seconds: float) -> None:
+        """What follows is written ``seconds`` later (a session resumed the next morning)."""
+        self.offset += seconds
 
     def _uuid(self) -> str:
         self._n += 1
@@ -95,7 +101,7 @@ class ClaudeSession:
         base: dict[str, Any] = {
             "type": kind,
             "uuid": self._uuid(),
-            "timestamp": _now(),
+            "timestamp": _now(self.offset),
             "sessionId": self.session_id,
         }
         if self.agent_id:

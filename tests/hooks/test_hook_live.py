@@ -365,3 +365,50 @@ def test_a_run_the_service_dropped_is_told_apart_from_a_closed_one(tmp_path: Pat
         assert records(state)[-1]["error"] == (
             "run closed on the service (the service dropped it (run_evicted)); not asked"
         )
+
+
+def test_the_shipped_default_lets_a_finished_session_stop(tmp_path: Path, state: Path) -> None:
+    """The default model takes no proposed stop as a reason to stop (``proposal: refused``):
+    its "continue" is no objection, so the hook lets the agent's own stop stand."""
+    with LiveServer(log_dir=tmp_path / "logs") as live:  # the shipped default, no configuration
+        s = ClaudeSession(tmp_path / "proj", "sess-default")
+        s.user("Fix the crash in app.py")
+        s.edit("toolu_e1", "src/app.py")
+        s.bash("toolu_t1", "python -m pytest -q", "4 passed in 0.02s")
+        s.say("Fixed the crash; the tests pass.")
+        stop = run_hook("claude-code", s.stop(), url=live.url, state=state)
+    assert stop.rc == 0 and stop.answer is None, stop.stdout
+    last = records(state)[-1]
+    assert last["event"] == "Stop" and last["outcome"] == "allow"
+    assert last["action"] == "continue" and last["proposal"] == "refused"
+
+
+def test_a_session_has_no_time_budget_unless_the_hook_sets_one(
+    server: LiveServer, tmp_path: Path, state: Path
+) -> None:
+    # begun yesterday afternoon, resumed this morning: five hours on the session's clock
+    command = {"command": "pytest -q", "description": "run the tests"}
+    response = {"stdout": "3 passed in 0.1s", "stderr": "", "interrupted": False, "isImage": False}
+
+    def session(name: str) -> ClaudeSession:
+        s = ClaudeSession(tmp_path / "proj", name)
+        s.offset = -5 * 3600.0
+        s.user("Add the export command")
+        s.edit("toolu_e1", "src/export.py")
+        s.offset = 0.0
+        s.call("toolu_t1", "Bash", command)
+        return s
+
+    s = session("sess-resumed")
+    call = s.post_tool("toolu_t1", "Bash", command, response)
+    goes_on = run_hook("claude-code", call, url=server.url, state=state)
+    assert goes_on.rc == 0 and goes_on.answer is None, goes_on.stderr
+    assert records(state)[-1]["action"] == "continue"
+    # a team that wants a session's time bounded says so on the hook
+    s = session("sess-bounded")
+    bounded = ("--safety", '{"max_seconds": 3600}')
+    call = s.post_tool("toolu_t1", "Bash", command, response)
+    told = run_hook("claude-code", call, url=server.url, state=state, args=bounded)
+    assert told.answer is not None and told.answer["decision"] == "block", told.stderr
+    last = records(state)[-1]
+    assert (last["reason"], last["safety_net"]) == ("budget_exhausted", "max_seconds")

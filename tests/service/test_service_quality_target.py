@@ -65,3 +65,11 @@ def test_the_client_keeps_the_quality_target_with_the_service_down() -> None:
         second = client.decide("r", step(1, 0.65))
     assert first.action == "continue" and first.degraded
     assert second.action == "stop" and second.reason == "quality_met" and second.degraded
+
+
+def test_a_requests_safety_changes_the_services_config_and_keeps_the_rest(tmp_path: Path) -> None:
+    # the service requires two steps before any stop; a request that sets a turn limit keeps that
+    with make_client(tmp_path, safety={"min_turns": 3}) as client:
+        r = client.post("/v1/runs/r/decide", json={"events": step(0, 1.0), "safety": {"max_turns": 10}})
+        assert r.json()["action"] == "continue" and r.json()["proposal"] is None
+        assert "min_turns (3)" in r.json()["message"]

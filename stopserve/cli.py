@@ -319,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     _cost_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw the success/cost Pareto chart")
+    p.add_argument(
+        "--logged",
+        action="store_true",
+        help="the traces are the service's logs, decided by another policy: estimate off-policy (IS and "
+        "doubly robust, from the logged propensities) and say how many runs support each figure",
+    )
     _group_option(p, "bootstrap resampling unit and cross-fitting groups")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the cross-fitting folds")
     _dask_options(p, "featurize and replay on a Dask cluster, one task per input file")

@@ -45,13 +45,15 @@ from stopserve.training.backend import TraceSource
 from stopserve.training.fit import DEFAULT_COST_SHARE, PolicyLearner, learner_from_args
 from stopserve.training.heuristics import tune_heuristics
 from stopserve.training.labels import build_decision_points
-from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged
+from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged, logged_traces_ok
 from stopserve.training.replay import REPLAY_ENGINE, replay_decide
 
 __all__ = [
     "Judgement",
     "RetrainResult",
+    "evaluate_logged_runs",
     "judge",
+    "logged_command",
     "logged_runs",
     "retrain",
     "retrain_command",
@@ -182,9 +184,11 @@ def retrain(
     best: str | None = None
     if args.candidate:
         candidate_dir = Path(args.candidate)
+        # a model prices cost in its own unit: judge it in that unit unless told otherwise
+        unit = (Policy.load(candidate_dir, engine=REPLAY_ENGINE).manifest or {}).get("cost_unit")
         train_dp = build_decision_points(
             iter(TraceSource(trained_on)),
-            cost_unit=args.cost_unit,
+            cost_unit=args.cost_unit or unit,
             labels_from_rewards=args.labels_from_rewards,
             group_by=args.group_by,
         )
@@ -261,6 +265,49 @@ def retrain(
     return result
 
 
+def evaluate_logged_runs(
+    policies: Mapping[str, Policy],
+    paths: Sequence[str | Path],
+    *,
+    lam: float,
+    objective: Mapping[str, float],
+    model: Policy | None = None,
+    cost_unit: str | None = None,
+    labels_from_rewards: bool = False,
+    group_by: str = "task",
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> LoggedEvaluation:
+    """IS and DR figures of ``policies`` on the logged runs in ``paths``, each replayed as served.
+
+    Every policy decides through its own ``decide`` with ``objective`` (``lam`` or
+    ``cost_share``, as the service is asked); values are ``q − lam·c``; intervals resample
+    whole ``group_by`` groups. ``model``: the DR model part of a policy without boosters.
+    """
+    source = TraceSource(list(paths))
+    dp = build_decision_points(
+        iter(source), cost_unit=cost_unit, labels_from_rewards=labels_from_rewards, group_by=group_by
+    )
+    order = list(policies)
+    stops = replay_decide(
+        iter(source),
+        dp,
+        lambda i: [policies[n] for n in order],
+        lam=objective.get("lam"),
+        cost_share=objective.get("cost_share"),
+    )
+    return evaluate_logged(
+        policies,
+        dp,
+        {n: stops[j] for j, n in enumerate(order)},
+        lam=lam,
+        model=model,
+        groups=dp.group,
+        n_boot=n_boot,
+        seed=seed,
+    )
+
+
 @dataclass(frozen=True)
 class Judgement:
     """The promotion gate's answer, its reason in words and the off-policy figures behind it."""
@@ -293,29 +340,20 @@ def judge(
     interval of (candidate − champion), doubly robust, is above 0.
     """
     policies: dict[str, Policy] = {"candidate": candidate, "champion": champion, **(heuristics or {})}
-    source = TraceSource([held])
-    dp = build_decision_points(
-        iter(source), cost_unit=cost_unit, labels_from_rewards=labels_from_rewards, group_by=group_by
-    )
-    order = list(policies)
-    stops = replay_decide(
-        iter(source),
-        dp,
-        lambda i: [policies[n] for n in order],
-        lam=objective.get("lam"),
-        cost_share=objective.get("cost_share"),
-    )
     model = candidate if candidate.inference is not None else champion if champion.inference else None
-    ev = evaluate_logged(
+    ev = evaluate_logged_runs(
         policies,
-        dp,
-        {n: stops[j] for j, n in enumerate(order)},
+        [held],
         lam=lam,
+        objective=objective,
         model=model,
-        groups=dp.group,
+        cost_unit=cost_unit,
+        labels_from_rewards=labels_from_rewards,
+        group_by=group_by,
         n_boot=n_boot,
         seed=seed,
     )
+    dp = ev.dp
     diff, (lo, hi) = ev.difference("candidate", "champion", GATE_ESTIMATOR)
     cand, champ = ev.estimates["candidate"], ev.estimates["champion"]
     n = dp.n_traces
@@ -356,19 +394,30 @@ def _stores(args: argparse.Namespace) -> tuple[ModelStore, Path]:
     return ModelStore(root), log_dir
 
 
-def _table(result: RetrainResult) -> str:
-    ev = result.evaluation
-    if ev is None:
-        return ""
-    rows = [("policy", "IS", "DR", "DR 90% interval", "runs exact/weighted/zeroed/unsupported", "support")]
+def _table(ev: LoggedEvaluation) -> str:
+    """The off-policy figures of every policy, one row each, with their support."""
+    rows = [
+        (
+            "policy",
+            "IS",
+            "IS 90% interval",
+            "DR",
+            "DR 90% interval",
+            "runs exact/weighted/zeroed/unsupported",
+            "ESS",
+            "support",
+        )
+    ]
     for name, e in ev.estimates.items():
         rows.append(
             (
                 name,
                 f"{e.ips:.4f}",
+                f"[{e.ips_ci90[0]:.4f}, {e.ips_ci90[1]:.4f}]",
                 f"{e.dr:.4f}",
                 f"[{e.dr_ci90[0]:.4f}, {e.dr_ci90[1]:.4f}]",
                 f"{e.exact}/{e.weighted}/{e.zeroed}/{e.unsupported}",
+                f"{e.ess:.0f}",
                 "ok" if e.enough else "too few",
             )
         )
@@ -389,14 +438,77 @@ def retrain_command(args: argparse.Namespace) -> int:
         data = {"promoted": result.promoted, "reason": result.reason, **result.evidence}
         print(json.dumps(data, default=str))
     else:
-        table = _table(result)
-        if table:
+        if result.evaluation is not None:
             lam = result.evidence.get("lambda")
             print(f"value per run at lambda {lam:.4g} per {result.evidence.get('cost_unit')}, off-policy:")
-            print(table)
+            print(_table(result.evaluation))
         verdict = "PROMOTED" if result.promoted else "not promoted"
         where = f" -> {result.champion.path}" if result.champion is not None else ""
         print(f"{verdict}{' (dry run)' if args.dry_run else ''}: {result.reason}{where}")
+    return 0
+
+
+def logged_command(args: argparse.Namespace) -> int:
+    """``stopserve evaluate --logged``: off-policy figures of a model on runs another policy decided.
+
+    The traces are the service's logs (each decision with its propensity). The model, the
+    runs as logged and, with ``--tune-on``, the tuned heuristics are each replayed through
+    ``decide`` and estimated by IS and DR (:mod:`stopserve.training.offpolicy`), with 90%
+    intervals over ``--group-by`` groups and the runs that support each figure.
+    """
+    if args.plot or getattr(args, "dask", None) is not None:
+        raise ConfigError("evaluate --logged: --plot and --dask do not apply to off-policy figures")
+    policy = Policy.load(args.model, engine=REPLAY_ENGINE)
+    manifest: dict[str, Any] = dict(policy.manifest or {})
+    cost_unit = args.cost_unit or manifest.get("cost_unit")
+    labels = bool(args.labels_from_rewards or manifest.get("labels_from_rewards", False))
+    paths = [str(p) for p in args.traces]
+    dp = build_decision_points(
+        iter(TraceSource(paths)), cost_unit=cost_unit, labels_from_rewards=labels, group_by=args.group_by
+    )
+    lam_, share = policy.resolve(args.lam, args.cost_share)
+    mean_cost = float(dp.trace_c_final.mean()) if dp.n_traces else 0.0
+    lam = lam_ if lam_ is not None else (share or 0.0) / mean_cost if mean_cost > 0 else 0.0
+    objective = {"lam": lam_} if lam_ is not None else {"cost_share": share or 0.0}
+    policies: dict[str, Policy] = {"model": policy}
+    if args.tune_on:
+        tune = build_decision_points(
+            iter(TraceSource([str(p) for p in args.tune_on])),
+            cost_unit=dp.cost_unit,
+            labels_from_rewards=labels,
+            group_by=args.group_by,
+        )
+        policies |= {f"heuristic {n}": h.policy() for n, h in tune_heuristics(tune, lam).items()}
+    ev = evaluate_logged_runs(
+        policies,
+        paths,
+        lam=lam,
+        objective=objective,
+        model=policy if policy.inference is not None else None,
+        cost_unit=dp.cost_unit,
+        labels_from_rewards=labels,
+        group_by=args.group_by,
+        seed=args.seed,
+    )
+    notes = list(logged_traces_ok(ev.dp))
+    notes += [
+        f"{name}: too few runs support its figure: {e.why}" for name, e in ev.estimates.items() if e.why
+    ]
+    if args.json:
+        print(
+            json.dumps({**ev.to_dict(), "runs": ev.dp.n_traces, "cost_unit": ev.dp.cost_unit, "notes": notes})
+        )
+        return 0
+    explored = int((ev.dp.propensity < 1.0).sum())
+    groups = len(set(ev.dp.group.tolist()))
+    print(
+        f"{ev.dp.n_traces} logged runs ({explored} decisions explored or explorable), value per run at "
+        f"lambda {lam:.4g} per {ev.dp.cost_unit}, off-policy; 90% intervals over "
+        f"{groups} {args.group_by} groups:"
+    )
+    print(_table(ev))
+    for note in notes:
+        print(f"NOTE: {note}")
     return 0
 
 

@@ -12,6 +12,7 @@ the logging policy's randomness can be enumerated with its probability
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -111,6 +112,16 @@ def serve(
     else:
         out["stop"] = twin["stop"]
     return Logged(out, stop, explored, kept)
+
+
+def explored_stops(rng: random.Random, epsilon: float, rho: float) -> int:
+    """How many stops the logging policy explores before it keeps one, drawn as the engine draws."""
+    explore = 0
+    if rng.random() < epsilon:
+        explore = 1
+        while rng.random() < rho:
+            explore += 1
+    return explore
 
 
 def branches(

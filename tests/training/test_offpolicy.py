@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from logged_runs import branches, serve, true_value
+from logged_runs import branches, explored_stops, serve, true_value
 
 from stopserve.policy import Policy
 from stopserve.trace import Trace
@@ -132,11 +132,7 @@ def test_intervals_cover_the_truth_on_sampled_logs() -> None:
         rng = random.Random(rep)
         logged = []
         for twin in twins:
-            explore = 0
-            if rng.random() < EPS:
-                explore = 1
-                while rng.random() < RHO:
-                    explore += 1
+            explore = explored_stops(rng, EPS, RHO)
             logged.append(serve(LOGGER, twin, lam=LAM, epsilon=EPS, rho=RHO, explore=explore).trace)
         traces = [Trace.model_validate(t) for t in logged]
         dp = build_decision_points(traces, cost_unit="ktokens")

@@ -595,7 +595,33 @@ def main() -> int:
     p.add_argument("--parts", default="deploy,real,cost", help="comma list of deploy, real, cost")
     p.add_argument("--topologies", help="comma list (default: the size's)")
     p.add_argument("--lambdas", help="comma list (default: the size's)")
+    p.add_argument(
+        "--from-json",
+        nargs="+",
+        type=Path,
+        metavar="SECTION.json",
+        help="measure nothing: one section from parts measured by earlier runs (their --out files), "
+        "each part with the command that measured it",
+    )
     args = p.parse_args()
+    sec = Section(
+        "The sidecar learns your system: deployment simulator, off-policy promotion (issue 25)", sys.argv
+    )
+    if args.from_json:
+        data: dict[str, Any] = {"parts": []}
+        for path in args.from_json:
+            doc = json.loads(path.read_text())
+            part = doc["data"]
+            data["parts"].append({"command": doc["command"], "has": sorted(k for k in part if k in _PARTS)})
+            data |= {k: v for k, v in part.items() if k in _PARTS or k not in data}
+            data.setdefault("spec", {**SIZES[part["size"]], "name": part["size"]})
+        sec.argv = ["bench/bench_learning.py", "--from-json", *[str(x) for x in args.from_json]]
+        _render(sec, data, None)
+        for part in data["parts"]:
+            sec.add(f"- {', '.join(part['has'])}: `{part['command']}`")
+        sec.data = data
+        sec.emit(args.out)
+        return 0
     size = {**SIZES[args.size], "name": args.size}
     if args.topologies:
         size["topologies"] = tuple(args.topologies.split(","))
@@ -604,11 +630,8 @@ def main() -> int:
     parts = set(args.parts.split(","))
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-learning-"))
     work.mkdir(parents=True, exist_ok=True)
-    sec = Section(
-        "The sidecar learns your system: deployment simulator, off-policy promotion (issue 25)", sys.argv
-    )
     t_start = time.perf_counter()
-    data: dict[str, Any] = {"size": args.size, "explore": EXPLORE, "explore_steps": EXPLORE_STEPS}
+    data = {"size": args.size, "spec": size, "explore": EXPLORE, "explore_steps": EXPLORE_STEPS}
     if "deploy" in parts:
         deployments = []
         for ti, topology in enumerate(size["topologies"]):
@@ -616,10 +639,6 @@ def main() -> int:
                 seed = 25_000 + 100 * ti + 10 * li
                 deployments.append(deployment(topology, lam, size, work / f"deploy-{topology}-{lam:g}", seed))
         data["deployments"] = deployments
-        _report_deployments(sec, deployments, size)
-        png = ROOT / "bench" / "learning-curves.png" if args.size == "full" else work / "learning-curves.png"
-        _plot(deployments, png)
-        sec.add(f"![learning curves]({png.name})" if args.size == "full" else f"(plot: {png})", "")
     if "real" in parts:
         reals = []
         for name in ("mint", "intercode", "swe"):
@@ -629,18 +648,36 @@ def main() -> int:
             else:
                 reals.append(got)
         data["real"] = reals
-        _report_real(sec, reals)
     if "cost" in parts:
         data["retrain_cost"] = retrain_cost(size, work / "cost")
         data["p99"] = p99_during_retrain(size, work / "p99")
-        _report_cost(sec, data["retrain_cost"], data["p99"], size)
     data["seconds"] = time.perf_counter() - t_start
+    _render(sec, data, work)
     sec.data = data
     sec.add(
         f"Measured in {data['seconds'] / 60:.0f} min on {os.cpu_count()} cores (load shared with other work)."
     )
     sec.emit(args.out)
     return 0
+
+
+#: The measured parts of a section's data, each rendered by its own report.
+_PARTS = ("deployments", "real", "retrain_cost", "p99")
+
+
+def _render(sec: Section, data: dict[str, Any], work: Path | None) -> None:
+    """The section's targets and tables from its data (measured now, or read back)."""
+    size = data["spec"]
+    if "deployments" in data:
+        _report_deployments(sec, data["deployments"], size)
+        full = size["name"] == "full" or work is None
+        png = ROOT / "bench" / "learning-curves.png" if full else work / "learning-curves.png"
+        _plot(data["deployments"], png)
+        sec.add(f"![learning curves]({png.name})" if full else f"(plot: {png})", "")
+    if "real" in data:
+        _report_real(sec, data["real"])
+    if "retrain_cost" in data:
+        _report_cost(sec, data["retrain_cost"], data["p99"], size)
 
 
 def _report_deployments(sec: Section, deployments: list[dict[str, Any]], size: dict[str, Any]) -> None:
@@ -682,7 +719,7 @@ def _report_deployments(sec: Section, deployments: list[dict[str, Any]], size: d
             f"({max(gap_rel, default=math.nan):.1%} of the gap); "
             f"mean {np.mean(rel) if rel else math.nan:.1%} over {len(rel)} rounds",
             "<= 1% each round",
-            all(x <= 0.01 for x in rel) if rel else None,
+            bool(all(x <= 0.01 for x in rel)) if rel else None,
         )
     )
     judged = [(r, who) for d in deployments for r in d["retrains"] for who in ("candidate",) if who in r]
@@ -694,7 +731,7 @@ def _report_deployments(sec: Section, deployments: list[dict[str, Any]], size: d
             f"({np.mean(covered) if covered else math.nan:.0%}); IS "
             f"{np.mean([r[w]['covered_ips'] for r, w in judged]) if judged else math.nan:.0%}",
             ">= 85% of rounds",
-            (np.mean(covered) >= 0.85) if covered else None,
+            bool(np.mean(covered) >= 0.85) if covered else None,
         )
     )
     sec.add(
@@ -857,7 +894,7 @@ def _report_cost(sec: Section, cost: dict[str, Any], p99: dict[str, Any], size: 
             "takes on the same traces",
             f"retrain {cost['retrain_s']:.0f} s, train {cost['train_s']:.0f} s: {cost['ratio']:.2f}x",
             "<= 2x",
-            cost["ratio"] <= 2.0,
+            bool(cost["ratio"] <= 2.0),
         )
     )
     ratio = p99["retrain_p99_ms"] / p99["quiet_p99_ms"] if p99["quiet_p99_ms"] > 0 else math.nan
@@ -867,7 +904,7 @@ def _report_cost(sec: Section, cost: dict[str, Any], p99: dict[str, Any], size: 
             f"{p99['retrain_p99_ms']:.2f} ms against {p99['quiet_p99_ms']:.2f} ms quiet: {ratio:.2f}x "
             f"({p99['retrain_windows']} windows during, {p99['quiet_windows']} quiet)",
             "<= 1.2x",
-            ratio <= 1.2 if math.isfinite(ratio) else None,
+            bool(ratio <= 1.2) if math.isfinite(ratio) else None,
         )
     )
 

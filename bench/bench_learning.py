@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import ROOT, SHARED_DATA, Section, Target, parser, percentile
+from _common import ROOT, SHARED_DATA, Section, Target, command_line, parser, percentile
 
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -638,16 +638,21 @@ def main() -> int:
             for li, lam in enumerate(size["lams"]):
                 seed = 25_000 + 100 * ti + 10 * li
                 deployments.append(deployment(topology, lam, size, work / f"deploy-{topology}-{lam:g}", seed))
-        data["deployments"] = deployments
+                data["deployments"] = deployments
+                _keep(work, data)
     if "real" in parts:
         reals = []
         for name in ("mint", "intercode", "swe"):
-            got = real_replay(name, size, work / f"real-{name}")
+            try:
+                got = real_replay(name, size, work / f"real-{name}")
+            except Exception as exc:  # one system's failure is reported; the others still run
+                got = f"failed: {type(exc).__name__}: {exc}"
             if isinstance(got, str):
                 sec.skip(f"real replay {name}: {got}")
             else:
                 reals.append(got)
         data["real"] = reals
+        _keep(work, data)
     if "cost" in parts:
         data["retrain_cost"] = retrain_cost(size, work / "cost")
         data["p99"] = p99_during_retrain(size, work / "p99")
@@ -659,6 +664,13 @@ def main() -> int:
     )
     sec.emit(args.out)
     return 0
+
+
+def _keep(work: Path, data: dict[str, Any]) -> None:
+    """The parts measured so far, in ``work/partial.json`` (a later part that fails loses nothing)."""
+    (work / "partial.json").write_text(
+        json.dumps({"command": command_line(sys.argv), "data": data}, default=str)
+    )
 
 
 #: The measured parts of a section's data, each rendered by its own report.

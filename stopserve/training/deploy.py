@@ -35,6 +35,8 @@ __all__ = ["Served", "drive", "end_value", "prefix_values", "run_cost", "stop_va
 
 #: Runs decided side by side in one batch request.
 BATCH: Final = 200
+#: Events one batch request carries at most (the service's default limit).
+MAX_REQUEST_EVENTS: Final = 2000
 _LABEL_CHANNEL: Final = "quality"
 
 
@@ -186,6 +188,7 @@ def drive(
     run_prefix: str = "",
     system: str | None = None,
     batch: int = BATCH,
+    max_events: int = MAX_REQUEST_EVENTS,
     client: httpx.Client | None = None,
     timeout: float = 60.0,
 ) -> list[Served]:
@@ -193,7 +196,8 @@ def drive(
 
     ``lam`` or ``cost_share`` is sent with each run (what the orchestrator tells the
     service); ``value_lambda`` (default ``lam``) is what a stop is valued at. Run ids are
-    ``run_prefix + trace_id``; ``system`` replaces the traces' own.
+    ``run_prefix + trace_id``; ``system`` replaces the traces' own. A request carries at most
+    ``batch`` runs and ``max_events`` events (the service's ``STOPSERVE_MAX_EVENTS_PER_REQUEST``).
     """
     weight = value_lambda if value_lambda is not None else lam
     if weight is None or not math.isfinite(weight):
@@ -212,12 +216,18 @@ def drive(
             items: list[dict[str, Any]] = []
             asked: list[_Live] = []
             ended: list[_Live] = []
+            n_events = 0
             for run in live:
+                start = run.cursor
                 nxt = _next_call(run)
                 if nxt is None:
                     ended.append(run)
                     continue
                 events, proposed = nxt
+                if items and n_events + len(events) > max_events:
+                    run.cursor = start  # a request carries at most max_events: this run waits for the next
+                    continue
+                n_events += len(events)
                 item: dict[str, Any] = {"run_id": run.run_id, "events": events, "proposed_stop": proposed}
                 if run.decisions == 0:
                     tr = run.trace
@@ -236,7 +246,8 @@ def drive(
             stopped: list[_Live] = []
             if items:
                 answer = http.post(f"{url}/v1/decide:batch", json={"runs": items})
-                answer.raise_for_status()
+                if answer.status_code != 200:
+                    raise StopServeError(f"decide:batch answered {answer.status_code}: {answer.text[:2000]}")
                 for run, result in zip(asked, answer.json()["results"], strict=True):
                     if result["error"] is not None:
                         raise StopServeError(f"run {run.run_id}: {result['error']['message']}")

@@ -184,3 +184,11 @@ def test_a_promotion_reaches_both_replicas_on_redis(tmp_path: Path) -> None:
             wait_for(
                 lambda: version(a.url) == version(b.url) == "rule-0.5", 60, "both replicas back on rule-0.5"
             )
+
+
+def test_drive_keeps_each_request_within_the_services_event_limit(tmp_path: Path) -> None:
+    """Many runs side by side: a batch request carries at most max_events, never a 422."""
+    env = {"STOPSERVE_MAX_EVENTS_PER_REQUEST": "60"}
+    with LiveServer(log_dir=tmp_path / "logs", no_model=True, env=env) as server:
+        served = drive(server.url, runs(40, seed=9), lam=0.1, max_events=60)
+    assert len(served) == 40 and all(s.decisions > 0 for s in served)

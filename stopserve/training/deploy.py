@@ -21,7 +21,9 @@ the deployment simulator (``bench/bench_learning.py``): the served value, the be
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -38,6 +40,7 @@ BATCH: Final = 200
 #: Events one batch request carries at most (the service's default limit).
 MAX_REQUEST_EVENTS: Final = 2000
 _LABEL_CHANNEL: Final = "quality"
+_RUN_ID_CHARS: Final = re.compile(r"[^A-Za-z0-9._:@+-]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +168,18 @@ class _Live:
     turn: int = 0
 
 
+def _run_id(wanted: str, used: set[str]) -> str:
+    """``wanted`` as a run id the service takes (letters, digits, ``. _ : @ + -``, at most 256), unique."""
+    rid = _RUN_ID_CHARS.sub("_", wanted)
+    if rid != wanted or len(rid) > 256:
+        rid = f"{rid[:200]}-{hashlib.sha1(wanted.encode()).hexdigest()[:12]}"
+    base, k = rid, 1
+    while rid in used:
+        rid, k = f"{base}.{k}", k + 1
+    used.add(rid)
+    return rid
+
+
 def _next_call(run: _Live) -> tuple[list[dict[str, Any]], bool] | None:
     """The events up to the next decision point, and whether it is a proposed stop; None: none left."""
     events = run.trace["events"]
@@ -196,7 +211,8 @@ def drive(
 
     ``lam`` or ``cost_share`` is sent with each run (what the orchestrator tells the
     service); ``value_lambda`` (default ``lam``) is what a stop is valued at. Run ids are
-    ``run_prefix + trace_id``; ``system`` replaces the traces' own. A request carries at most
+    ``run_prefix + trace_id`` (other characters than a run id takes become ``_``, with a
+    short hash of the whole id); ``system`` replaces the traces' own. A request carries at most
     ``batch`` runs and ``max_events`` events (the service's ``STOPSERVE_MAX_EVENTS_PER_REQUEST``).
     """
     weight = value_lambda if value_lambda is not None else lam
@@ -206,13 +222,14 @@ def drive(
     http = client if client is not None else httpx.Client(base_url=url, timeout=timeout)
     queue = list(traces)
     queue.reverse()
+    used: set[str] = set()
     live: list[_Live] = []
     served: list[Served] = []
     try:
         while queue or live:
             while queue and len(live) < batch:
                 tr = queue.pop()
-                live.append(_Live(tr, run_prefix + str(tr["trace_id"])))
+                live.append(_Live(tr, _run_id(run_prefix + str(tr["trace_id"]), used)))
             items: list[dict[str, Any]] = []
             asked: list[_Live] = []
             ended: list[_Live] = []

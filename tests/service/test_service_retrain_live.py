@@ -190,5 +190,9 @@ def test_drive_keeps_each_request_within_the_services_event_limit(tmp_path: Path
     """Many runs side by side: a batch request carries at most max_events, never a 422."""
     env = {"STOPSERVE_MAX_EVENTS_PER_REQUEST": "60"}
     with LiveServer(log_dir=tmp_path / "logs", no_model=True, env=env) as server:
-        served = drive(server.url, runs(40, seed=9), lam=0.1, max_events=60)
+        traces = runs(40, seed=9)
+        for t in traces[:2]:
+            t["trace_id"] = "system/a b"  # not a run id, twice: each run still its own
+        served = drive(server.url, traces, lam=0.1, max_events=60)
     assert len(served) == 40 and all(s.decisions > 0 for s in served)
+    assert len({s.run_id for s in served}) == 40 and sum(s.trace_id == "system/a b" for s in served) == 2

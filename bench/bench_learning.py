@@ -613,7 +613,11 @@ def main() -> int:
             doc = json.loads(path.read_text())
             part = doc["data"]
             data["parts"].append({"command": doc["command"], "has": sorted(k for k in part if k in _PARTS)})
-            data |= {k: v for k, v in part.items() if k in _PARTS or k not in data}
+            for key, value in part.items():
+                if key in data and isinstance(value, list) and key in _PARTS:
+                    data[key] = [*data[key], *value]  # e.g. deployments of other topologies
+                elif key in _PARTS or key not in data:
+                    data[key] = value
             data.setdefault("spec", {**SIZES[part["size"]], "name": part["size"]})
         sec.argv = ["bench/bench_learning.py", "--from-json", *[str(x) for x in args.from_json]]
         _render(sec, data, None)
@@ -886,7 +890,7 @@ def _report_real(sec: Section, reals: list[dict[str, Any]]) -> None:
                 r["logged_runs"],
                 r["next_runs"],
                 f"{r['lambda']:.3g}/{r['cost_unit']}",
-                ("promoted" if r["promoted"] else "refused") + f" ({r['reason'][:60]})",
+                ("promoted" if r["promoted"] else "refused") + f" ({r['reason'].split(' per run')[0]})",
                 r["values"]["champion"],
                 f"{r['values']['best_heuristic']:.3g} ({r['best_heuristic']})",
                 r["values"]["default"],

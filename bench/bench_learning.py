@@ -691,7 +691,7 @@ def _render(sec: Section, data: dict[str, Any], work: Path | None) -> None:
         _plot(data["deployments"], png)
         sec.add(f"![learning curves]({png.name})" if full else f"(plot: {png})", "")
     if "real" in data:
-        _report_real(sec, data["real"])
+        _report_real(sec, data["real"], size)
     if "retrain_cost" in data:
         _report_cost(sec, data["retrain_cost"], data["p99"], size)
 
@@ -853,13 +853,14 @@ def _report_deployments(sec: Section, deployments: list[dict[str, Any]], size: d
     )
 
 
-def _report_real(sec: Section, reals: list[dict[str, Any]]) -> None:
+def _report_real(sec: Section, reals: list[dict[str, Any]], size: dict[str, Any]) -> None:
     if not reals:
         return
     below = [r for r in reals if r["champion_minus_heuristic"] < 0]
     sec.targets.append(
         Target(
-            "real replays: after retraining on 2,000 logged runs of one real system, the promoted model "
+            f"real replays: after retraining on {size['real']:,} logged runs of one real system (fewer where "
+            "the set is smaller), the promoted model "
             "is never below "
             "the best tuned heuristic on that system's next runs",
             "; ".join(

@@ -54,6 +54,8 @@ from stopserve.training.replay import REPLAY_ENGINE
 from stopserve.training.simulate import SIM_TOPOLOGIES, simulate
 
 DEFAULT_MODEL = ROOT / "models" / "default"
+#: The learning curves RESULTS.md shows.
+CURVES = ROOT / "bench" / "learning-curves.png"
 #: The simulator's documented protocol (docs/simulator.md, "End to end"), for every retrain.
 SIM_RETRAIN_ARGS = "--cost-unit ktokens --method optimal --min-turns 2"
 EXPLORE = 0.05
@@ -596,6 +598,13 @@ def main() -> int:
     p.add_argument("--topologies", help="comma list (default: the size's)")
     p.add_argument("--lambdas", help="comma list (default: the size's)")
     p.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="where the learning curves go (default: bench/learning-curves.png at full size, else "
+        "the workdir, or beside --out with --from-json); in bench/ the section embeds it",
+    )
+    p.add_argument(
         "--from-json",
         nargs="+",
         type=Path,
@@ -620,7 +629,7 @@ def main() -> int:
                     data[key] = value
             data.setdefault("spec", {**SIZES[part["size"]], "name": part["size"]})
         sec.argv = ["bench/bench_learning.py", "--from-json", *[str(x) for x in args.from_json]]
-        _render(sec, data, None)
+        _render(sec, data, args.plot or (args.out or Path("section.json")).with_name("learning-curves.png"))
         for part in data["parts"]:
             sec.add(f"- {', '.join(part['has'])}: `{part['command']}`")
         sec.data = data
@@ -661,7 +670,7 @@ def main() -> int:
         data["retrain_cost"] = retrain_cost(size, work / "cost")
         data["p99"] = p99_during_retrain(size, work / "p99")
     data["seconds"] = time.perf_counter() - t_start
-    _render(sec, data, work)
+    _render(sec, data, args.plot or (CURVES if args.size == "full" else work / "learning-curves.png"))
     sec.data = data
     sec.add(
         f"Measured in {data['seconds'] / 60:.0f} min on {os.cpu_count()} cores (load shared with other work)."
@@ -681,15 +690,14 @@ def _keep(work: Path, data: dict[str, Any]) -> None:
 _PARTS = ("deployments", "real", "retrain_cost", "p99")
 
 
-def _render(sec: Section, data: dict[str, Any], work: Path | None) -> None:
-    """The section's targets and tables from its data (measured now, or read back)."""
+def _render(sec: Section, data: dict[str, Any], png: Path) -> None:
+    """The section's targets and tables from its data (measured now, or read back); the curves to ``png``."""
     size = data["spec"]
     if "deployments" in data:
         _report_deployments(sec, data["deployments"], size)
-        full = size["name"] == "full" or work is None
-        png = ROOT / "bench" / "learning-curves.png" if full else work / "learning-curves.png"
         _plot(data["deployments"], png)
-        sec.add(f"![learning curves]({png.name})" if full else f"(plot: {png})", "")
+        shown = png.resolve().parent == (ROOT / "bench").resolve()  # beside RESULTS.md: embedded
+        sec.add(f"![learning curves]({png.name})" if shown else f"(plot: {png})", "")
     if "real" in data:
         _report_real(sec, data["real"], size)
     if "retrain_cost" in data:

@@ -39,7 +39,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("bench")
 
 
-def _run(script: str, workdir: Path, *extra: str, timeout: float = 240) -> dict[str, Any]:
+def _run(script: str, workdir: Path, *extra: str, timeout: float = 900) -> dict[str, Any]:
     out = workdir / f"{script}.json"
     proc = subprocess.run(
         [
@@ -56,6 +56,8 @@ def _run(script: str, workdir: Path, *extra: str, timeout: float = 240) -> dict[
         cwd=ROOT,
         capture_output=True,
         text=True,
+        # the quality and default benchmarks train several models even at "tiny" (100-140 s on
+        # a quiet machine); the limit is for a hang, not a speed target
         timeout=timeout,
         check=False,
     )
@@ -184,12 +186,12 @@ def test_run_all_writes_results(workdir: Path, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_learning_smoke(workdir: Path, tmp_path: Path) -> None:
     """The deployment simulator and the retrain cost at tiny size, then one section from both parts."""
-    deploy = _run("bench_learning.py", workdir / "learning", "--parts", "deploy", timeout=900)
+    deploy = _run("bench_learning.py", workdir / "learning", "--parts", "deploy")
     (curve,) = _measured(deploy, "deployments")
     assert len(curve["rounds"]) == 2 and len(curve["retrains"]) == 2
     for r in curve["rounds"]:
         assert r["behavior"] <= r["optimum"] and math.isfinite(r["served"])
-    cost = _run("bench_learning.py", workdir / "learning", "--parts", "cost", timeout=900)
+    cost = _run("bench_learning.py", workdir / "learning", "--parts", "cost")
     assert _measured(cost, "retrain_cost")["retrain_s"] > 0
     parts = [tmp_path / "deploy.json", tmp_path / "cost.json"]
     for path, doc in zip(parts, (deploy, cost), strict=True):

@@ -40,6 +40,7 @@ SECTIONS: list[tuple[str, int]] = [
     ("bench_train.py", 1800),
     ("bench_quality.py", 1800),
     ("bench_default.py", 3600),
+    ("bench_learning.py", 14400),
     ("bench_simulate.py", 600),
     ("bench_client.py", 300),
     ("bench_hook.py", 300),

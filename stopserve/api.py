@@ -28,6 +28,9 @@ __all__ = [
     "BatchDecideResponse",
     "BatchItem",
     "BatchResult",
+    "ChallengerInfo",
+    "ChallengerRequest",
+    "ChampionInfo",
     "CreditEvent",
     "CreditResponse",
     "CreditValue",
@@ -288,6 +291,9 @@ class DecideResponse(BaseModel):
     finalize: bool = Field(description="True on stop: produce your best final answer now.")
     model_version: str | None = None
     propensity: float = Field(description="Probability with which the service chose this action.")
+    explored: bool = Field(
+        default=False, description="Exploration (STOPSERVE_EXPLORE) made a stop this continue."
+    )
     degraded: bool = False
     events_accepted: int = 0
     events_ignored: int = Field(default=0, description="Events skipped because their ids were seen.")
@@ -404,6 +410,41 @@ class CreditResponse(BaseModel):
     )
 
 
+class ChallengerInfo(BaseModel):
+    """A shadow model and how its decisions compare with the champion's (this process's counts)."""
+
+    name: str
+    model_version: str | None
+    kind: str
+    path: str
+    decisions: int = Field(description="Live decisions it made beside the champion.")
+    agreement: float | None = Field(description="Share of those with the champion's action.")
+    runs: int = Field(description="Runs the champion stopped while it decided beside it.")
+    stopped_earlier: int = Field(description="Of those, runs it had stopped at an earlier turn.")
+    stopped_same: int = Field(description="... runs it stops at the same turn.")
+    stopped_later: int = Field(description="... runs it would have gone on past the champion's stop.")
+    mean_turns_earlier: float | None = Field(
+        description="How many turns earlier it stops, on the runs it stops earlier."
+    )
+
+
+class ChallengerRequest(_Body):
+    """Body of ``POST /v1/admin/challengers``: a model directory to decide in the shadow."""
+
+    model_dir: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
+    name: _Id | None = Field(default=None, description="Default: the directory's name.")
+
+
+class ChampionInfo(BaseModel):
+    """What the model store says to serve (``stopserve retrain`` promotes, ``stopserve rollback`` undoes)."""
+
+    store: str
+    version: str | None
+    path: str
+    promotions: int = Field(description="Champions promoted here so far (rollbacks undo them).")
+    following: bool = Field(description="The service serves this champion (no manual reload since).")
+
+
 class ModelInfo(BaseModel):
     """The model being served."""
 
@@ -419,6 +460,12 @@ class ModelInfo(BaseModel):
     manifest: dict[str, Any]
     model_card: str | None
     loaded_at: float
+    challengers: list[ChallengerInfo] = Field(
+        default_factory=list, description="Shadow models deciding beside this one (never acted on)."
+    )
+    champion: ChampionInfo | None = Field(
+        default=None, description="The model store's champion pointer, when the service follows one."
+    )
 
 
 class ReloadRequest(_Body):

@@ -26,6 +26,8 @@ _RUNNERS: Final[dict[str, str]] = {
     "features": "stopserve.training.commands:features_command",
     "train": "stopserve.training.fit:train_command",
     "evaluate": "stopserve.training.evaluate:evaluate_command",
+    "retrain": "stopserve.training.retrain:retrain_command",
+    "rollback": "stopserve.training.retrain:rollback_command",
     "simulate": "stopserve.training.simulate.cli:simulate_command",
     "credit": "stopserve.training.credit:credit_command",
     "serve": "stopserve.service.app:serve_command",
@@ -42,6 +44,7 @@ _EXTRAS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "train": ("train", ("tqdm",)),
     "features": ("train", ("tqdm",)),
     "evaluate": ("train", ("tqdm",)),
+    "retrain": ("train", ("tqdm",)),
 }
 HARNESSES: Final = ("claude-code", "codex")
 
@@ -245,102 +248,69 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("traces", nargs="+", metavar="TRACES", help=_TRACES_HELP + " to learn from")
     p.add_argument("-o", "--output", required=True, metavar="MODEL_DIR", help="the model directory to write")
-    _cost_options(p)
-    p.add_argument(
-        "--cost-scale",
-        choices=("fixed", "per-run"),
-        default="fixed",
-        help="fixed: lambda from these traces' mean cost (a model for this system); per-run: costs "
-        "normalised per data set and, served, each run's own expected cost (a model for systems it has "
-        "not seen, e.g. the shipped default). Default: fixed",
-    )
-    p.add_argument(
-        "--method",
-        choices=("auto", "behavior", "optimal"),
-        default="auto",
-        help="value of continuing: behavior (to the logged end), optimal (fitted backward induction) "
-        "or auto (chosen in cross-validation). Default: auto",
-    )
-    p.add_argument(
-        "--min-turns",
-        default="auto",
-        type=_auto_or_int,
-        help="no model stop before this decision point; auto tunes 1, 2 or 3 in cross-validation. "
-        "Default: auto",
-    )
-    p.add_argument(
-        "--features",
-        default="all",
-        help="all, scale-free (no absolute sizes or topology: transfers across systems) or a comma "
-        "list of names (docs/features.md). Default: all",
-    )
-    p.add_argument(
-        "--folds", type=_positive_int, default=5, help="grouped cross-validation folds. Default: 5"
-    )
-    _group_option(p, "what cross-validation folds never split")
-    p.add_argument(
-        "--min-groups",
-        type=_positive_int,
-        default=10,
-        help="fewer groups and the tuned heuristic ships (a guard cannot tell a model from luck). "
-        "Default: 10",
-    )
-    p.add_argument(
-        "--rules",
-        choices=("tuned", "fixed"),
-        default="tuned",
-        help="tuned: the heuristics may switch the loop detector and quality_met off and the model may "
-        "overrule them where going on pays; fixed: they always stop a run (the shipped default). "
-        "Default: tuned",
-    )
-    p.add_argument(
-        "--stop-on",
-        choices=("value", "evidence"),
-        default="value",
-        help="value: the model stops a run where its value of going on is below the stop margin; "
-        "evidence: only where the run also shows a stall (a repeat, nothing new, no better reward: "
-        "docs/training.md; the shipped default). Default: value",
-    )
-    p.add_argument(
-        "--evidence",
-        type=_evidence,
-        metavar="REPEAT,QUIET,REWARD",
-        help="with --stop-on evidence: what counts as a stall: a loop pattern REPEAT times in a row, "
-        "QUIET steps with nothing new, REWARD steps with no better reward (0 turns one off). Default: 2,3,4",
-    )
-    p.add_argument(
-        "--max-value-loss",
-        type=_non_negative_float,
-        metavar="X",
-        help="tune margins and choose the heuristic family so that, in every data set (--group-by "
-        "dataset: every system), the mean value falls at most X below the logged runs'. Default: off",
-    )
-    p.add_argument(
-        "--max-success-loss",
-        type=_non_negative_float,
-        metavar="X",
-        help="likewise for the mean quality handed back (0.01: one point of success). Default: off",
-    )
-    p.add_argument(
-        "--inner-cv",
-        action="store_true",
-        help="tune each fold's margins on all its training groups by nested cross-fitting, not on a "
-        "held-out quarter of them (slower; for few groups, e.g. a model across systems)",
-    )
-    p.add_argument(
-        "--censored",
-        choices=("auto", "horizon", "unknown"),
-        default="auto",
-        help="runs that ended at a cap: horizon (the cap is your system's own end) or unknown (what "
-        "going on would have gained is unknown: they do not train the gain of going on); auto is "
-        "unknown with --cost-scale per-run, else horizon. Default: auto",
-    )
+    _fit_options(p)
     p.add_argument("--seed", type=int, default=0, help="Default: 0")
     _no_progress(p)
     _dask_options(
         p, "featurize (one task per input file), fit the boosters and replay the policies on a Dask cluster"
     )
     _label_options(p)
+
+    p = sub.add_parser(
+        "retrain",
+        help="learn a model from the service's logs; promote it only if it beats the champion on new runs",
+        description="Fit a candidate on the service's logged runs (and --corpus), judge it, the champion and "
+        "the tuned heuristics off-policy on the most recent runs it did not train on, and promote it "
+        "only when the lower end of the 90% interval of (candidate - champion) is above 0; every "
+        "promotion and refusal goes to the promotions log with its evidence (docs/retraining.md).",
+    )
+    p.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        default=None,
+        help="the service's log directory (its traces.jsonl; STOPSERVE_LOG_DIR, default stopserve-logs)",
+    )
+    p.add_argument(
+        "--model-store",
+        metavar="DIR",
+        help="where champions are kept (STOPSERVE_MODEL_STORE; default <log-dir>/models)",
+    )
+    p.add_argument(
+        "--corpus", nargs="+", metavar="TRACES", help="earlier traces to learn from too (never judged on)"
+    )
+    p.add_argument(
+        "--champion",
+        metavar="DIR",
+        help="the model served now (default: the store's champion, else STOPSERVE_MODEL_DIR, else the "
+        "shipped default)",
+    )
+    p.add_argument(
+        "--candidate",
+        metavar="DIR",
+        help="judge this model directory (one you trained) instead of fitting a candidate",
+    )
+    p.add_argument(
+        "--holdout",
+        type=_fraction,
+        default=0.3,
+        help="share of the logged runs, the most recent, held out to judge on",
+    )
+    p.add_argument("--n-boot", type=_positive_int, default=1000, help="bootstrap draws of the intervals")
+    p.add_argument("--dry-run", action="store_true", help="judge the candidate, promote nothing, log nothing")
+    p.add_argument("--json", action="store_true", help="print the evidence as one JSON object")
+    p.add_argument("--nice", type=_non_negative_int, default=0, help="lower this process's priority by N")
+    _fit_options(p)
+    p.add_argument("--seed", type=int, default=0, help="Default: 0")
+    _no_progress(p)
+    _label_options(p)
+
+    p = sub.add_parser("rollback", help="make the champion before the current one the champion again")
+    p.add_argument("--log-dir", metavar="DIR", help="the service's log directory (default stopserve-logs)")
+    p.add_argument(
+        "--model-store",
+        metavar="DIR",
+        help="the model store (STOPSERVE_MODEL_STORE; default <log-dir>/models)",
+    )
 
     p = sub.add_parser("evaluate", help="replay policies on held-out traces and compare them")
     p.add_argument("traces", nargs="+", metavar="TRACES", help=_TRACES_HELP + " to judge on")
@@ -349,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     _cost_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw the success/cost Pareto chart")
+    p.add_argument(
+        "--logged",
+        action="store_true",
+        help="the traces are the service's logs, decided by another policy: estimate off-policy (IS and "
+        "doubly robust, from the logged propensities) and say how many runs support each figure",
+    )
     _group_option(p, "bootstrap resampling unit and cross-fitting groups")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the cross-fitting folds")
     _dask_options(p, "featurize and replay on a Dask cluster, one task per input file")
@@ -556,6 +532,107 @@ def _share(text: str) -> float:
     if value > 100:
         raise argparse.ArgumentTypeError(f"a cost share is a fraction of a success's value, got {value}")
     return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {value}")
+    return value
+
+
+def _fit_options(p: argparse.ArgumentParser) -> None:
+    """The trainer's options (``train`` and ``retrain``)."""
+    _cost_options(p)
+    p.add_argument(
+        "--cost-scale",
+        choices=("fixed", "per-run"),
+        default="fixed",
+        help="fixed: lambda from these traces' mean cost (a model for this system); per-run: costs "
+        "normalised per data set and, served, each run's own expected cost (a model for systems it has "
+        "not seen, e.g. the shipped default). Default: fixed",
+    )
+    p.add_argument(
+        "--method",
+        choices=("auto", "behavior", "optimal"),
+        default="auto",
+        help="value of continuing: behavior (to the logged end), optimal (fitted backward induction) "
+        "or auto (chosen in cross-validation). Default: auto",
+    )
+    p.add_argument(
+        "--min-turns",
+        default="auto",
+        type=_auto_or_int,
+        help="no model stop before this decision point; auto tunes 1, 2 or 3 in cross-validation. "
+        "Default: auto",
+    )
+    p.add_argument(
+        "--features",
+        default="all",
+        help="all, scale-free (no absolute sizes or topology: transfers across systems) or a comma "
+        "list of names (docs/features.md). Default: all",
+    )
+    p.add_argument(
+        "--folds", type=_positive_int, default=5, help="grouped cross-validation folds. Default: 5"
+    )
+    _group_option(p, "what cross-validation folds never split")
+    p.add_argument(
+        "--min-groups",
+        type=_positive_int,
+        default=10,
+        help="fewer groups and the tuned heuristic ships (a guard cannot tell a model from luck). "
+        "Default: 10",
+    )
+    p.add_argument(
+        "--rules",
+        choices=("tuned", "fixed"),
+        default="tuned",
+        help="tuned: the heuristics may switch the loop detector and quality_met off and the model may "
+        "overrule them where going on pays; fixed: they always stop a run (the shipped default). "
+        "Default: tuned",
+    )
+    p.add_argument(
+        "--stop-on",
+        choices=("value", "evidence"),
+        default="value",
+        help="value: the model stops a run where its value of going on is below the stop margin; "
+        "evidence: only where the run also shows a stall (a repeat, nothing new, no better reward: "
+        "docs/training.md; the shipped default). Default: value",
+    )
+    p.add_argument(
+        "--evidence",
+        type=_evidence,
+        metavar="REPEAT,QUIET,REWARD",
+        help="with --stop-on evidence: what counts as a stall: a loop pattern REPEAT times in a row, "
+        "QUIET steps with nothing new, REWARD steps with no better reward (0 turns one off). Default: 2,3,4",
+    )
+    p.add_argument(
+        "--max-value-loss",
+        type=_non_negative_float,
+        metavar="X",
+        help="tune margins and choose the heuristic family so that, in every data set (--group-by "
+        "dataset: every system), the mean value falls at most X below the logged runs'. Default: off",
+    )
+    p.add_argument(
+        "--max-success-loss",
+        type=_non_negative_float,
+        metavar="X",
+        help="likewise for the mean quality handed back (0.01: one point of success). Default: off",
+    )
+    p.add_argument(
+        "--inner-cv",
+        action="store_true",
+        help="tune each fold's margins on all its training groups by nested cross-fitting, not on a "
+        "held-out quarter of them (slower; for few groups, e.g. a model across systems)",
+    )
+    p.add_argument(
+        "--censored",
+        choices=("auto", "horizon", "unknown"),
+        default="auto",
+        help="runs that ended at a cap: horizon (the cap is your system's own end) or unknown (what "
+        "going on would have gained is unknown: they do not train the gain of going on); auto is "
+        "unknown with --cost-scale per-run, else horizon. Default: auto",
+    )
 
 
 def _cost_options(p: argparse.ArgumentParser) -> None:

@@ -84,8 +84,9 @@ METHOD_MODELS: Final[dict[str, tuple[str, ...]]] = {"behavior": ("g", "k"), "opt
 class StopDecision:
     """One continue-or-stop answer.
 
-    ``propensity`` is the probability with which ``action`` was chosen (below 1
-    only under ε-exploration), ``safety_net`` names the part of the safety config that
+    ``propensity`` is the probability with which ``action`` was chosen (below 1 only
+    under ε-exploration; ``explored``: exploration made a stop this continue),
+    ``safety_net`` names the part of the safety config that
     fired (a budget, the loop detector, ``quality_met``; its ``limit``/``pattern`` when
     relevant), ``rule`` the policy's base rule that stopped the run, ``message`` says in
     words what fired (or what a model overruled), ``proposal`` what became of a proposed stop
@@ -114,6 +115,7 @@ class StopDecision:
     rule: str | None = None
     message: str | None = None
     proposal: Literal["accepted", "overruled", "vetoed", "refused"] | None = None
+    explored: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data."""
@@ -441,8 +443,10 @@ class Policy:
 
         ``lam`` (per cost unit) or ``cost_share`` sets what cost is worth (default: the
         model's); ``safety`` replaces the policy's nets for this call. With probability
-        ``epsilon`` a model stop becomes a continue; ``propensity`` is the chosen action's
-        probability. Safety-net and rule stops are never explored away. ``raw``: the
+        ``epsilon`` a stop becomes a continue (``explored``): a model stop, or a rule's (the
+        loop detector, ``quality_met``, the base rule, an accepted proposal: each one a
+        retrained model may overrule); ``propensity`` is the chosen action's probability.
+        A budget's stop (a safety net) is never explored away. ``raw``: the
         boosters' raw scores of ``state.features()`` when the caller has them already (a
         row of :meth:`raw_rows`; the trainer's replays), else they are computed here.
         """
@@ -497,6 +501,7 @@ class Policy:
             net: bool = False,
             message: str | None = None,
             proposal: Literal["overruled", "vetoed", "refused"] | None = None,
+            explored: bool = False,
         ) -> StopDecision:
             pattern = None if by is None else by.pattern
             if action == "stop" and pattern is None:
@@ -519,7 +524,31 @@ class Policy:
                 rule=None if by is None or net else (self.rule_name or by.name),
                 message=message if message is not None else (None if by is None else by.message),
                 proposal=None if not proposed_stop else "accepted" if action == "stop" else proposal,
+                explored=explored,
             )
+
+        def stop(
+            reason: str | None,
+            why: str | None,
+            *,
+            by: SafetyStop | None = None,
+            net: bool = False,
+            proposal: Literal["overruled", "refused"] = "overruled",
+        ) -> StopDecision:
+            """A stop that is not a budget's: with probability ``epsilon``, a continue instead."""
+            if epsilon <= 0.0:
+                return answer("stop", reason, by=by, net=net, message=why)
+            if (rng or random).random() < epsilon:
+                said = why if why is not None else (by.message if by is not None else reason)
+                return answer(
+                    "continue",
+                    None,
+                    propensity=epsilon,
+                    message=f"explored: {said}",
+                    proposal=proposal,
+                    explored=True,
+                )
+            return answer("stop", reason, propensity=1.0 - epsilon, by=by, net=net, message=why)
 
         # the rules that fire now, in order: the config's (loop detector, then quality_met), the
         # base rule, a proposed stop; each with the kind a manifest's ``overrules`` names
@@ -548,11 +577,12 @@ class Policy:
                     f"{self.margin_continue:.3g}",
                     proposal="overruled",
                 )
-            kind, stop, _ = (hard or fired)[0]
+            # every rule is one a retrained model may overrule: its stop is explorable
+            kind, by, _ = (hard or fired)[0]
             if kind == "proposed":
-                return answer("stop", PROPOSED_STOP_REASON, message="the orchestrator proposed to stop")
-            assert stop is not None
-            return answer("stop", stop.reason, by=stop, net=kind != "rule")
+                return stop(PROPOSED_STOP_REASON, "the orchestrator proposed to stop")
+            assert by is not None
+            return stop(by.reason, None, by=by, net=kind != "rule")
         if not allowed:
             return answer(
                 "continue",
@@ -567,14 +597,7 @@ class Policy:
             why = f"the value of going on {v:.3g} < minus the stop margin {self.margin_stop:.3g}"
             if self.stop_on_evidence:
                 why += f"; the run shows a stall: {evidence}"
-            if epsilon > 0.0:
-                draw = (rng or random).random()
-                if draw < epsilon:
-                    return answer(
-                        "continue", None, propensity=epsilon, message=f"explored: {why}", proposal="refused"
-                    )
-                return answer("stop", MODEL_STOP_REASON, propensity=1.0 - epsilon, message=why)
-            return answer("stop", MODEL_STOP_REASON, message=why)
+            return stop(MODEL_STOP_REASON, why, proposal="refused")
         return answer("continue", None, proposal="refused")
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from stopserve.errors import ConfigError, Issue, pydantic_message
@@ -90,8 +90,44 @@ class Settings(BaseSettings):
         ge=64 * 1024,
         description="Bytes all live runs may retain; the least recently used are evicted above it.",
     )
-    epsilon: float = Field(default=0.0, ge=0, le=1, description="Exploration: P(model stop -> continue).")
+    explore: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        validation_alias=AliasChoices("explore", "STOPSERVE_EXPLORE", "epsilon", "STOPSERVE_EPSILON"),
+        description=(
+            "Exploration (STOPSERVE_EXPLORE; STOPSERVE_EPSILON is its former name): the probability that a "
+            "stop other than a budget's becomes continue; decisions log the propensity of their action."
+        ),
+    )
+    explore_steps: float = Field(
+        default=5.0,
+        ge=1,
+        description=(
+            "Stops an explored run goes on past, on average (geometric; each later one explored with "
+            "probability 1 - 1/steps): enough of the run after a stop to judge later stops; 1: one stop."
+        ),
+    )
     seed: int | None = Field(default=None, description="Seed of the exploration random stream.")
+    challengers: Path | None = Field(
+        default=None,
+        description="Directory of challenger model directories: shadow decisions, never acted on.",
+    )
+    model_store: Path | None = Field(
+        default=None,
+        description=(
+            "Where `stopserve retrain` keeps promoted models, the champion pointer and promotions.jsonl; "
+            "the service serves its champion and follows promotions. Unset: <log_dir>/models."
+        ),
+    )
+    retrain_every: int | None = Field(
+        default=None,
+        ge=1,
+        description="Retrain in a background process after every N finished runs (all replicas'); unset: no.",
+    )
+    retrain_args: str = Field(
+        default="", description="More `stopserve retrain` options for the background retrain (shell words)."
+    )
     lam: float | None = Field(default=None, ge=0, description="Default cost weight; unset: the model's.")
     cost_share: float | None = Field(
         default=None, ge=0, le=100, description="Default cost share (instead of lam); unset: the model's."
@@ -115,7 +151,7 @@ class Settings(BaseSettings):
         description="uvicorn's per-request access log; off: every decision is in the decision log already.",
     )
 
-    @field_validator("log_dir", "model_dir", "hook_state_dir", mode="before")
+    @field_validator("log_dir", "model_dir", "hook_state_dir", "challengers", "model_store", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         # STOPSERVE_LOG_DIR= (empty) means "no log", not the current folder
@@ -176,6 +212,17 @@ class Settings(BaseSettings):
                 f"max_run_bytes ({self.max_run_bytes})"
             )
         return self
+
+    @property
+    def exploration(self) -> tuple[float, float]:
+        """(ε, ρ): the probability that a run's stop is explored, and that a later one is once it was."""
+        return self.explore, (1.0 - 1.0 / self.explore_steps) if self.explore > 0 else 0.0
+
+    def resolved_model_store(self) -> Path | None:
+        """The model store: the configured one, else ``<log_dir>/models``, else None."""
+        if self.model_store is not None:
+            return self.model_store
+        return None if self.log_dir is None else self.log_dir / "models"
 
     def resolved_model_dir(self) -> Path | None:
         """The model directory to load: the configured one, else the shipped default, else None."""

@@ -9,6 +9,7 @@ renamed function) fails here; only the figures a tiny run leaves out on purpose
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -38,16 +39,26 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("bench")
 
 
-def _run(script: str, workdir: Path) -> dict[str, Any]:
+def _run(script: str, workdir: Path, *extra: str, timeout: float = 900) -> dict[str, Any]:
     out = workdir / f"{script}.json"
     proc = subprocess.run(
-        [sys.executable, str(BENCH / script), "--size", "tiny", "--out", str(out), "--workdir", str(workdir)],
+        [
+            sys.executable,
+            str(BENCH / script),
+            "--size",
+            "tiny",
+            *extra,
+            "--out",
+            str(out),
+            "--workdir",
+            str(workdir),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         # the quality and default benchmarks train several models even at "tiny" (100-140 s on
         # a quiet machine); the limit is for a hang, not a speed target
-        timeout=900,
+        timeout=timeout,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -170,6 +181,32 @@ def test_run_all_writes_results(workdir: Path, tmp_path: Path) -> None:
     assert "Command: `python bench/run_all.py --size tiny --only featurize" in text
     assert "## Featurizing" in text
     assert "cores" in text
+
+
+@pytest.mark.slow
+def test_learning_smoke(workdir: Path, tmp_path: Path) -> None:
+    """The deployment simulator and the retrain cost at tiny size, then one section from both parts."""
+    deploy = _run("bench_learning.py", workdir / "learning", "--parts", "deploy")
+    (curve,) = _measured(deploy, "deployments")
+    assert len(curve["rounds"]) == 2 and len(curve["retrains"]) == 2
+    for r in curve["rounds"]:
+        assert r["behavior"] <= r["optimum"] and math.isfinite(r["served"])
+    cost = _run("bench_learning.py", workdir / "learning", "--parts", "cost")
+    assert _measured(cost, "retrain_cost")["retrain_s"] > 0
+    parts = [tmp_path / "deploy.json", tmp_path / "cost.json"]
+    for path, doc in zip(parts, (deploy, cost), strict=True):
+        path.write_text(json.dumps(doc))
+    out = tmp_path / "both.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_learning.py"), "--from-json", *map(str, parts),
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    both = json.loads(out.read_text())
+    assert {"deployments", "retrain_cost", "p99"} <= set(both["data"])
+    assert "--parts deploy" in both["markdown"] and "--parts cost" in both["markdown"]
+    assert len(both["targets"]) == len(deploy["targets"]) + len(cost["targets"])
 
 
 @pytest.mark.slow

@@ -212,6 +212,49 @@ def test_epsilon_exploration_turns_model_stops_into_continues(learned: dict[str,
     assert 0.1 < len(explored) / len(model_stops) < 0.5
 
 
+@pytest.mark.parametrize(
+    ("rule", "safety", "reason"),
+    [
+        (HeuristicRule(turn_cap=3, loop=False, quality=False), NO_LOOP, "budget_exhausted"),  # the base rule
+        (HeuristicRule(loop=True, quality=False), SafetyConfig(), "loop_detected"),  # the loop detector
+    ],
+)
+def test_exploration_covers_rule_stops_never_a_budget(
+    rule: HeuristicRule, safety: SafetyConfig, reason: str
+) -> None:
+    """Every stop but a budget's is one a retrained model may overrule: it is explored too."""
+    policy = TunedHeuristic("h", rule, math.nan, "usd", 0.0).policy(safety)
+    stops = []
+    rng = random.Random(5)
+    for seed in range(40):
+        trace = synth_trace(seed, random.Random(seed), success=False)
+        stops += [d for d in _walk(policy, trace, epsilon=0.25, rng=rng) if d.propensity < 1.0]
+    kept = [d for d in stops if d.action == "stop"]
+    explored = [d for d in stops if d.action == "continue"]
+    assert kept and explored
+    assert all(d.reason == reason and d.propensity == pytest.approx(0.75) and not d.explored for d in kept)
+    assert all(d.explored and d.propensity == pytest.approx(0.25) for d in explored)
+    assert all((d.message or "").startswith("explored: ") for d in explored)
+    # a budget of the same run is never explored: the same cap as a net
+    capped = SafetyConfig(max_turns=3, loop=None)
+    for seed in range(10):
+        trace = synth_trace(seed, random.Random(seed), success=False)
+        for d in _walk(Policy.safety_only(capped), trace, epsilon=0.9, rng=rng):
+            if d.turn >= 3:
+                assert d.action == "stop" and d.safety_net == "max_turns" and d.propensity == 1.0
+
+
+def test_an_explored_proposal_goes_on_and_says_so() -> None:
+    policy = Policy.safety_only()
+    state = RunState()
+    for ev in synth_trace(1, random.Random(0), success=True).events[:2]:
+        state.fold(ev)
+    d = policy.decide(state, proposed_stop=True, epsilon=1.0 - 1e-12, rng=random.Random(0))
+    assert d.action == "continue" and d.explored and d.proposal == "overruled"
+    d = policy.decide(state, proposed_stop=True, epsilon=1e-12, rng=random.Random(0))
+    assert d.action == "stop" and d.reason == "information_complete" and d.propensity == pytest.approx(1.0)
+
+
 def test_safety_only_policy_uses_the_default_nets() -> None:
     policy = Policy.safety_only()
     assert policy.kind == "none" and policy.model_version is None and policy.safety == DEFAULT_SAFETY

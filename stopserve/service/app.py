@@ -55,6 +55,8 @@ from stopserve.api import (
     MAX_NUMBER,
     BatchDecideRequest,
     BatchDecideResponse,
+    ChallengerInfo,
+    ChallengerRequest,
     CreditResponse,
     DecideRequest,
     DecideResponse,
@@ -611,6 +613,43 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 raise RequestValidationError(errors, body=raw)
         engine = _engine(request)
         return await run_in_threadpool(engine.reload, body.model_dir if body is not None else None)
+
+    challenger_body = {"content": {"application/json": {"schema": ChallengerRequest.model_json_schema()}}}
+
+    @app.post(
+        "/v1/admin/challengers",
+        response_model=ChallengerInfo,
+        responses=_ERRORS,
+        tags=["admin"],
+        openapi_extra={"requestBody": {"required": True, **challenger_body}},
+    )
+    async def add_challenger(
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> ChallengerInfo:
+        """Load a model directory as a shadow challenger: it decides on every live call, never acted on.
+
+        Its decisions are logged next to the champion's (``challengers`` in decisions.jsonl);
+        ``GET /v1/model`` and ``/metrics`` show how often it agrees and where it would stop.
+        """
+        _authorize(settings, credentials)
+        raw = await request.body()
+        errors: list[Any] = []
+        body = _parse_body(ChallengerRequest, raw, request.scope, errors)
+        if errors or body is None:
+            raise RequestValidationError(errors, body=raw)
+        return await run_in_threadpool(_engine(request).add_challenger, body.model_dir, body.name)
+
+    @app.delete("/v1/admin/challengers/{name}", status_code=204, responses=_ERRORS, tags=["admin"])
+    def remove_challenger(
+        name: str,
+        engine: EngineDep,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> Response:
+        """Stop a challenger deciding in the shadow."""
+        _authorize(settings, credentials)
+        engine.remove_challenger(name)
+        return Response(status_code=204)
 
     @app.get("/healthz", response_model=HealthResponse, tags=["health"])
     def healthz() -> HealthResponse:

@@ -37,6 +37,7 @@ from stopserve.api import (
     MAX_INT,
     MAX_NUMBER,
     BatchDecideRequest,
+    ChallengerInfo,
     DecideRequest,
     ErrorDetail,
     ErrorIssue,
@@ -68,8 +69,10 @@ from stopserve.errors import (
 from stopserve.features import FEATURE_NAMES, LOOP_ID_WINDOW, RunState
 from stopserve.policy import Policy, StopDecision
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
+from stopserve.service.learning import LearningLoop
 from stopserve.service.log import DecisionLog
 from stopserve.service.metrics import Metrics
+from stopserve.service.shadow import Challengers, ShadowCall, challenger_dirs
 from stopserve.service.store import (
     Closed,
     Evicted,
@@ -108,6 +111,14 @@ _T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
+class _Decided:
+    """A call's decision and its challengers' (counted once the call is committed)."""
+
+    decision: StopDecision
+    shadow: list[ShadowCall]
+
+
+@dataclass(frozen=True, slots=True)
 class Serving:
     """The model being served; replaced whole by a reload."""
 
@@ -142,6 +153,8 @@ class Engine:
         # the policy's single-row predictor shares one output buffer, so decisions take turns
         self._policy_lock = threading.Lock()
         self._cache_lock = threading.Lock()
+        self.challengers = Challengers()
+        self.learning = LearningLoop(settings, metrics, self.store)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -158,13 +171,31 @@ class Engine:
                 retain_bytes=s.log_retain_bytes,
             )
         path = self.settings.resolved_model_dir()
-        self._serving = self._load(path)
+        champion = self.learning.champion()
+        if champion is not None:
+            try:
+                self._serving = self._load(champion.path)
+                self.learning.following = True
+                _log.info("serving the model store's champion %s (%s)", champion.version, champion.path)
+            except StopServeError as exc:
+                _log.error(
+                    "the model store's champion %s cannot be served (%s): serving %s",
+                    champion.path,
+                    exc,
+                    path,
+                )
+        if self._serving is None:
+            self._serving = self._load(path)
         self.metrics.set_model(self._serving.policy.model_version, self._serving.policy.kind)
-        if path is None:
+        if self._serving.path is None:
             _log.warning("no model: serving on safety nets alone")
+        if s.challengers is not None:
+            for where in challenger_dirs(s.challengers):
+                self.add_challenger(str(where), where.name)
 
     def tick(self) -> None:
-        """Periodic work: expire idle runs, fsync the logs on the interval."""
+        """Periodic work: expire idle runs, fsync the logs on the interval, follow the champion."""
+        self.follow_champion()
         try:
             self.store.sweep()
         except StoreUnavailableError as exc:  # the next call says so to its client; the logs go on
@@ -188,6 +219,7 @@ class Engine:
 
     def close(self) -> None:
         """Flush and close the logs; release the run store's connections."""
+        self.learning.close()
         if self.log is not None:
             self.log.close()
             self.log = None
@@ -220,8 +252,31 @@ class Engine:
         text = card[:_MAX_CARD_BYTES] if card is not None else None
         return Serving(policy, path, time.time(), text)
 
-    def reload(self, model_dir: str | None) -> ReloadResponse:
-        """Load a model and swap it in; on any failure the old one keeps serving."""
+    def follow_champion(self) -> ReloadResponse | None:
+        """Serve the model store's champion if a promotion or a rollback changed it since last seen."""
+        champion = self.learning.changed()
+        if champion is None:
+            return None
+        served = self.serving.path
+        if served is not None and served.resolve() == champion.path.resolve():
+            self.learning.following = True
+            return None
+        try:
+            done = self.reload(str(champion.path), following=True)
+        except StopServeError as exc:
+            _log.error(
+                "the model store's champion %s cannot be served (%s): keeping %s", champion.path, exc, served
+            )
+            return None
+        self.metrics.champion_reloads.inc()
+        return done
+
+    def reload(self, model_dir: str | None, *, following: bool = False) -> ReloadResponse:
+        """Load a model and swap it in; on any failure the old one keeps serving.
+
+        A reload by hand (``following`` False) stops following the model store's champion
+        until the next promotion or rollback.
+        """
         with self._reload_lock:
             old = self.serving
             path = Path(model_dir) if model_dir else (self.settings.resolved_model_dir() or old.path)
@@ -234,6 +289,7 @@ class Engine:
                 self.metrics.reloads.labels(result="refused").inc()
                 raise
             self._serving = new
+            self.learning.following = following
             with self._cache_lock:  # requests' configs were merged onto the old model's own
                 self._safety_cache.clear()
             self.metrics.set_model(new.policy.model_version, new.policy.kind)
@@ -263,10 +319,10 @@ class Engine:
             run = await self._aget_or_create(run_id, req)
             async with run.alock:
                 if len(req.events) > INLINE_EVENTS:
-                    answer, record, decision = await self.offload(self._decide_with_lock, run, run_id, req)
+                    answer, record, decided = await self.offload(self._decide_with_lock, run, run_id, req)
                 else:
                     with run.lock:
-                        answer, record, decision = self._decide_locked(run, run_id, req)
+                        answer, record, decided = self._decide_locked(run, run_id, req)
                 if record is not None and not await self.store.asave(run, record):
                     await asyncio.sleep(_backoff_s(attempt))
                     continue  # a shared run changed since it was read: again, from the read
@@ -280,8 +336,9 @@ class Engine:
             break
         else:
             raise _contended(run_id)
-        if decision is not None:
-            self._observe(decision, start)
+        if decided is not None:
+            self._observe(decided.decision, start)
+            self._count_shadow(decided)
         return answer
 
     async def decide_body(self, run_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -296,7 +353,7 @@ class Engine:
 
     def _decide_with_lock(
         self, run: Run, run_id: str, req: DecideRequest
-    ) -> tuple[dict[str, Any], dict[str, Any] | None, StopDecision | None]:
+    ) -> tuple[dict[str, Any], dict[str, Any] | None, _Decided | None]:
         with run.lock:
             return self._decide_locked(run, run_id, req)
 
@@ -311,7 +368,7 @@ class Engine:
 
     def _decide_locked(
         self, run: Run, run_id: str, req: DecideRequest
-    ) -> tuple[dict[str, Any], dict[str, Any] | None, StopDecision | None]:
+    ) -> tuple[dict[str, Any], dict[str, Any] | None, _Decided | None]:
         """Under the run's lock: fold and decide; the answer, and the log record (None on a retry).
 
         All or nothing: every check (time order, safety config, byte caps) comes before
@@ -336,7 +393,12 @@ class Engine:
         if safety is not None:
             run.safety = safety
         policy = self.serving.policy
-        decision = self._decide(policy, run.state, run.lam, run.cost_share, run.safety, req.proposed_stop)
+        epsilon = self._epsilon(run.explored)
+        decision = self._decide(
+            policy, run.state, run.lam, run.cost_share, run.safety, req.proposed_stop, epsilon
+        )
+        run.explored = run.explored or decision.explored
+        shadow = self._shadow(run, decision, req.proposed_stop) if self.challengers else []
         fields = _decision_fields(decision)
         answer = {"run_id": run_id, **fields, "events_accepted": len(new), "events_ignored": ignored}
         record = {
@@ -351,6 +413,8 @@ class Engine:
             "cost_share": run.cost_share if run.cost_share is not None else self.settings.cost_share,
             "proposed_stop": req.proposed_stop,
         }
+        if shadow:
+            record["challengers"] = Challengers.record(shadow)
         if run.n_events:
             # JSON text, not a dict: a str is not tracked by the garbage collector, so
             # thousands of live runs do not lengthen its full collections (p99)
@@ -361,7 +425,7 @@ class Engine:
         run.n_decisions += 1
         run.last_proposed = req.proposed_stop
         run.last_response = answer  # cleared again if its log line cannot be written
-        return answer, record, decision
+        return answer, record, _Decided(decision, shadow)
 
     async def decide_stateless(self, req: StatelessDecideRequest) -> dict[str, Any]:
         """Decide on a whole trace prefix (a long one in a worker thread); nothing is stored but the log line.
@@ -370,14 +434,15 @@ class Engine:
         """
         start = time.perf_counter()
         if len(req.events) > INLINE_EVENTS:
-            answer, record, decision = await self.offload(self._stateless, req)
+            answer, record, decided = await self.offload(self._stateless, req)
         else:
-            answer, record, decision = self._stateless(req)
+            answer, record, decided = self._stateless(req)
         await self._commit(record)
-        self._observe(decision, start)
+        self._observe(decided.decision, start)
+        self._count_shadow(decided)
         return answer
 
-    def _stateless(self, req: StatelessDecideRequest) -> tuple[dict[str, Any], dict[str, Any], StopDecision]:
+    def _stateless(self, req: StatelessDecideRequest) -> tuple[dict[str, Any], dict[str, Any], _Decided]:
         self._check_request(req.events)
         ids: set[str] = set()
         for i, event in enumerate(req.events):
@@ -390,7 +455,14 @@ class Engine:
         state.fold_many(req.events)
         safety = self._request_safety(req, None)
         lam = req.lam
-        decision = self._decide(self.serving.policy, state, lam, req.cost_share, safety, req.proposed_stop)
+        decision = self._decide(
+            self.serving.policy, state, lam, req.cost_share, safety, req.proposed_stop, self._epsilon(False)
+        )
+        shadow = (
+            self._shadow(None, decision, req.proposed_stop, state, lam, req.cost_share, safety)
+            if self.challengers
+            else []
+        )
         fields = _decision_fields(decision)
         answer = {"run_id": req.run_id, **fields, "events_accepted": len(req.events), "events_ignored": 0}
         record = {
@@ -405,7 +477,9 @@ class Engine:
             "cost_share": req.cost_share,
             "proposed_stop": req.proposed_stop,
         }
-        return answer, record, decision
+        if shadow:
+            record["challengers"] = Challengers.record(shadow)
+        return answer, record, _Decided(decision, shadow)
 
     async def decide_batch(self, req: BatchDecideRequest) -> dict[str, Any]:
         """Decide for many runs; one run's error does not fail the others (a plain dict, BatchDecideResponse).
@@ -463,6 +537,7 @@ class Engine:
         cost_share: float | None,
         safety: SafetyConfig | None,
         proposed_stop: bool,
+        epsilon: float = 0.0,
     ) -> StopDecision:
         if lam is None and cost_share is None:
             lam, cost_share = self.settings.lam, self.settings.cost_share
@@ -473,9 +548,76 @@ class Engine:
                 cost_share=cost_share,
                 safety=safety if safety is not None else self._default_safety,
                 proposed_stop=proposed_stop,
-                epsilon=self.settings.epsilon,
+                epsilon=epsilon,
                 rng=self._rng,
             )
+
+    def _epsilon(self, explored: bool) -> float:
+        """The exploration probability of a run's next stop: ε, or once explored 1 − 1/explore_steps."""
+        first, later = self.settings.exploration
+        return later if explored else first
+
+    def _shadow(  # noqa: PLR0917
+        self,
+        run: Run | None,
+        champion: StopDecision,
+        proposed_stop: bool,
+        state: RunState | None = None,
+        lam: float | None = None,
+        cost_share: float | None = None,
+        safety: SafetyConfig | None = None,
+    ) -> list[ShadowCall]:
+        """Every challenger's answer on the same state, never acted on; the run remembers their stops."""
+        if run is not None:
+            state, lam, cost_share, safety = run.state, run.lam, run.cost_share, run.safety
+        assert state is not None
+        calls: list[ShadowCall] = []
+        compare = run is not None and champion.action == "stop" and not run.shadow_done
+        for challenger in self.challengers:
+            mine = self._decide(challenger.policy, state, lam, cost_share, safety, proposed_stop)
+            first: int | None = None
+            if run is not None:
+                if mine.action == "stop":
+                    run.shadow.setdefault(challenger.name, state.turn)
+                first = run.shadow.get(challenger.name)
+            calls.append(ShadowCall(challenger, mine, compare, first))
+        if compare and run is not None:
+            run.shadow_done = True
+        return calls
+
+    def _count_shadow(self, decided: _Decided) -> None:
+        """Count a committed call's shadow decisions (a call started over is counted once)."""
+        champion = decided.decision
+        if champion.explored:
+            self.metrics.explored.inc()
+        m = self.metrics
+        for call in decided.shadow:
+            c = call.challenger
+            c.count(call.decision, champion)
+            m.challenger_decisions.labels(
+                challenger=c.name, agree="true" if call.decision.action == champion.action else "false"
+            ).inc()
+            if call.compared:
+                ahead = c.compare_stop(call.first_stop, call.decision, champion.turn)
+                m.challenger_runs.labels(
+                    challenger=c.name, stop="later" if ahead is None else "earlier" if ahead else "same"
+                ).inc()
+                if ahead is not None:
+                    m.challenger_turns_earlier.labels(challenger=c.name).observe(ahead)
+
+    def add_challenger(self, model_dir: str, name: str | None = None) -> ChallengerInfo:
+        """Load a model directory as a shadow challenger (replacing one of the same name)."""
+        path = Path(model_dir)
+        if not path.exists():
+            raise ModelNotFoundError(f"{path}: no such model directory")
+        served = self._load(path)
+        challenger = self.challengers.add(name or path.resolve().name, served.policy, path)
+        _log.info("challenger %s: %s (%s)", challenger.name, served.policy.model_version, path)
+        return challenger.info()
+
+    def remove_challenger(self, name: str) -> None:
+        """Stop a challenger deciding in the shadow."""
+        self.challengers.remove(name)
 
     def _observe(self, decision: StopDecision, start: float) -> None:
         self.metrics.latency.observe(time.perf_counter() - start)
@@ -681,6 +823,7 @@ class Engine:
             raise _contended(run_id)
         self.update_gauges()
         self.metrics.outcomes.inc()
+        self.learning.finished(self.serving.path)
         return OutcomeResponse(
             run_id=run_id,
             trace_id=run_id,
@@ -730,6 +873,14 @@ class Engine:
             trace["costs"] = req.costs
         metrics = dict(req.metrics)
         metrics.setdefault("service_decisions", float(run.n_decisions))
+        # what cost was worth when it was decided: what `stopserve retrain` learns for by default
+        lam, share = run.lam, run.cost_share
+        if lam is None and share is None:
+            lam, share = self.settings.lam, self.settings.cost_share
+        if lam is not None:
+            metrics.setdefault("service_lambda", float(lam))
+        elif share is not None:
+            metrics.setdefault("service_cost_share", float(share))
         trace["metrics"] = metrics
         checked, issues = check_trace(trace)
         if checked is None:
@@ -853,6 +1004,8 @@ class Engine:
             manifest=p.manifest,
             model_card=s.model_card,
             loaded_at=s.loaded_at,
+            challengers=self.challengers.infos(),
+            champion=self.learning.info(),
         )
 
     def ready(self) -> ReadyResponse:
@@ -973,6 +1126,7 @@ def _decision_fields(d: StopDecision) -> dict[str, Any]:
         "finalize": d.finalize,
         "model_version": d.model_version,
         "propensity": d.propensity,
+        "explored": d.explored,
         "degraded": d.degraded,
         "rule": d.rule,
         "message": d.message,
@@ -982,6 +1136,8 @@ def _decision_fields(d: StopDecision) -> dict[str, Any]:
 
 def _trace_decision(d: StopDecision) -> dict[str, Any]:
     out: dict[str, Any] = {"action": d.action, "propensity": d.propensity}
+    if d.explored:
+        out["explored"] = True
     if d.reason is not None:
         out["reason"] = d.reason
     if _finite(d.v_stop) is not None:

@@ -42,7 +42,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-__all__ = ["DecisionLog", "JsonlLog"]
+__all__ = ["DecisionLog", "JsonlLog", "log_files", "rotated_files"]
 
 _log = logging.getLogger("stopserve.service")
 
@@ -272,13 +272,7 @@ class JsonlLog:
 
     def rotated(self) -> list[Path]:
         """The rotated files of this log, oldest first."""
-        stem, suffix = self.path.stem, self.path.suffix
-        found = [
-            p
-            for p in self.path.parent.glob(f"{stem}.*{suffix}")
-            if p.name[len(stem) + 1 : len(stem) + 2].isdigit()
-        ]
-        return sorted(found, key=lambda p: p.name)
+        return rotated_files(self.path)
 
     def _prune(self, budget: int) -> None:
         """Delete the oldest rotated files until the rest hold at most ``budget`` bytes."""
@@ -362,6 +356,20 @@ class JsonlLog:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def rotated_files(path: Path) -> list[Path]:
+    """The rotated files of the log at ``path`` (``<name>.<UTC time>.jsonl``), oldest first."""
+    stem, suffix = path.stem, path.suffix
+    found = [
+        p for p in path.parent.glob(f"{stem}.*{suffix}") if p.name[len(stem) + 1 : len(stem) + 2].isdigit()
+    ]
+    return sorted(found, key=lambda p: p.name)
+
+
+def log_files(path: Path) -> list[Path]:
+    """Every file of the log at ``path``, oldest first: the rotated ones, then the current one."""
+    return [*rotated_files(path), *([path] if path.exists() else [])]
 
 
 def _is_record(line: bytes) -> bool:

@@ -49,6 +49,7 @@ class MemoryRunStore:
         # hash(run id) -> (cause, when): ids are not kept, so a tombstone costs the same for any id
         self._evicted: OrderedDict[int, tuple[EvictionCause, float]] = OrderedDict()
         self._bytes = 0
+        self._outcomes = 0
         self._lock = threading.Lock()
 
     shared = False
@@ -146,6 +147,12 @@ class MemoryRunStore:
     def forget(self, run_id: str) -> None:
         with self._lock:
             self._evicted.pop(hash(run_id), None)
+
+    def count_outcome(self) -> int:
+        """Count one finished run; the runs finished in this process so far."""
+        with self._lock:
+            self._outcomes += 1
+            return self._outcomes
 
     def sweep(self) -> int:
         now = self._clock()

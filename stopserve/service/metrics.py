@@ -15,11 +15,13 @@ __all__ = ["CONTENT_TYPE", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+_TURN_BUCKETS = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0)
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class Metrics:
-    """Decisions by action and reason, decide latency, live runs and bytes, evictions, model, log errors."""
+    """Decisions by action and reason, decide latency, live runs and bytes, evictions, model, log errors,
+    exploration, shadow challengers and retrains."""
 
     def __init__(self) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # the *_created series only double the scrape size
@@ -47,6 +49,36 @@ class Metrics:
             "Requests answered with an error, by HTTP status (413 too large, 409 run closed or evicted, ...)",
             ["status"],
             registry=r,
+        )
+        self.explored = Counter(
+            "stopserve_explored_decisions",
+            "Stops made continues by exploration (STOPSERVE_EXPLORE)",
+            registry=r,
+        )
+        self.challenger_decisions = Counter(
+            "stopserve_challenger_decisions",
+            "Shadow decisions of each challenger, by whether its action was the champion's",
+            ["challenger", "agree"],
+            registry=r,
+        )
+        self.challenger_runs = Counter(
+            "stopserve_challenger_runs",
+            "Runs the champion stopped, by where the challenger stops them: earlier, same turn, later",
+            ["challenger", "stop"],
+            registry=r,
+        )
+        self.challenger_turns_earlier = Histogram(
+            "stopserve_challenger_stop_turns_earlier",
+            "Turns before the champion's stop at which the challenger stops (runs it stops no later)",
+            ["challenger"],
+            buckets=_TURN_BUCKETS,
+            registry=r,
+        )
+        self.retrains = Counter(
+            "stopserve_retrains", "Background retrains by what became of them", ["result"], registry=r
+        )
+        self.champion_reloads = Counter(
+            "stopserve_champion_reloads", "Reloads that followed the model store's champion", registry=r
         )
         self._decision_children: dict[tuple[str, str | None, str | None], Counter] = {}
 

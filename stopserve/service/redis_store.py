@@ -55,6 +55,8 @@ _log = logging.getLogger("stopserve.service")
 
 #: Version of the run record (``s``); a record of another version is refused as evicted.
 RECORD_VERSION: Final = 1
+#: Runs finished by every replica (``INCR`` per outcome): what ``STOPSERVE_RETRAIN_EVERY`` counts.
+OUTCOMES_KEY: Final = "stopserve:outcomes"
 #: Values per HSET inside the scripts (Lua's unpack has a limit near 8,000).
 _CHUNK: Final = 1000
 #: How often the live-run count and Redis's memory are read for /metrics (seconds).
@@ -250,6 +252,9 @@ class RedisRunStore:
     def forget(self, run_id: str) -> None:
         self._command(lambda: self._sync.delete(_keys(run_id)[1]))
 
+    def count_outcome(self) -> int:
+        return int(self._command(lambda: self._sync.incr(OUTCOMES_KEY)))
+
     def sweep(self) -> int:
         """Redis expires runs itself; this refreshes the gauges now and then (SCAN, INFO)."""
         now = time.monotonic()
@@ -361,6 +366,9 @@ class RedisRunStore:
             last_event_id=doc["last_event_id"],
             nbytes=doc["nbytes"],
             last_record=doc["record"],
+            explored=doc.get("explored", False),
+            shadow=doc.get("shadow") or {},
+            shadow_done=doc.get("shadow_done", False),
         )
         run.first_decision = doc["n_journal"]
         return run
@@ -385,6 +393,9 @@ class RedisRunStore:
             "last_event_id": run.last_event_id,
             "nbytes": run.nbytes,
             "record": record if record is not None else run.last_record,
+            "explored": run.explored,
+            "shadow": run.shadow,
+            "shadow_done": run.shadow_done,
             "state": run.state.to_bytes(),
         }
         return bytes(msgpack.packb(doc))

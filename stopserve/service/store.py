@@ -100,6 +100,9 @@ class Run:
     closed: bool = False  # its outcome was posted (a call that waited on its lock finds it so)
     version: int = 0  # a shared store's version of the run when loaded; 0: not stored yet
     last_record: dict[str, Any] | None = None  # a shared copy: the last decision's log record
+    explored: bool = False  # exploration made one of its stops a continue (later ones: explore_steps)
+    shadow: dict[str, int] = field(default_factory=dict)  # each challenger's first stop turn in this run
+    shadow_done: bool = False  # the champion stopped it: the challengers' stops were compared
     lock: threading.Lock = field(default_factory=threading.Lock)  # its state, against the thread pool
     alock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its decide calls, across the log wait
 
@@ -176,6 +179,9 @@ class RunStore(Protocol):
 
     def forget(self, run_id: str) -> None:
         """Drop the eviction record of ``run_id`` (the caller starts it again, whole)."""
+
+    def count_outcome(self) -> int:
+        """Count one finished run; the runs finished so far (a shared store: every replica's)."""
 
     def sweep(self) -> int:
         """Periodic work (drop idle runs past their TTL); how many runs were dropped."""

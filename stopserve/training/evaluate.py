@@ -492,6 +492,10 @@ def _table(report: dict[str, Any]) -> str:
 
 def evaluate_command(args: argparse.Namespace) -> int:
     """``stopserve evaluate --model DIR TRACES... [--tune-on ...] [--lambda X | --cost-share S]``."""
+    if getattr(args, "logged", False):
+        from stopserve.training.retrain import logged_command
+
+        return logged_command(args)
     policy = Policy.load(args.model, engine=REPLAY_ENGINE)
     manifest: dict[str, Any] = dict(policy.manifest or {})
     model_unit = manifest.get("cost_unit")

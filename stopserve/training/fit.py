@@ -85,6 +85,8 @@ __all__ = [
     "PolicyLearner",
     "TraceSource",
     "Trainer",
+    "learner_from_args",
+    "print_summary",
     "train_command",
 ]
 
@@ -1138,27 +1140,33 @@ def _table(rows: Iterable[tuple[str, ...]]) -> str:
 def train_command(args: argparse.Namespace) -> int:
     """``stopserve train TRACES -o MODEL_DIR``: fit, guard, write the model directory, print a summary."""
     progress = not args.no_progress
-    features: str | list[str] = args.features
-    if features not in ("all", "scale-free"):
-        features = [f.strip() for f in str(features).split(",") if f.strip()]
     backend = None
     if getattr(args, "dask", None) is not None:
         from stopserve.training.distributed import DaskBackend
 
         backend = DaskBackend.from_args(args, progress=progress)
     try:
-        learner = _train_learner(args, features, progress, backend)
+        learner = learner_from_args(args, progress=progress, backend=backend).fit(
+            [str(p) for p in args.traces],
+            cost_unit=args.cost_unit,
+            labels_from_rewards=args.labels_from_rewards,
+            group_by=args.group_by,
+        )
         out = learner.save(args.output)
     finally:
         if backend is not None:
             backend.close()
-    _print_summary(learner, out)
+    print_summary(learner, out)
     return 0
 
 
-def _train_learner(
-    args: argparse.Namespace, features: str | list[str], progress: bool, backend: Backend | None
+def learner_from_args(
+    args: argparse.Namespace, *, progress: bool, backend: Backend | None = None
 ) -> PolicyLearner:
+    """The (unfitted) learner the trainer's command-line options describe (``train``, ``retrain``)."""
+    features: str | list[str] = args.features
+    if features not in ("all", "scale-free"):
+        features = [f.strip() for f in str(features).split(",") if f.strip()]
     return PolicyLearner(
         lam=args.lam,
         cost_share=args.cost_share,
@@ -1181,15 +1189,11 @@ def _train_learner(
             else None
         ),
         inner_cv=args.inner_cv,
-    ).fit(
-        [str(p) for p in args.traces],
-        cost_unit=args.cost_unit,
-        labels_from_rewards=args.labels_from_rewards,
-        group_by=args.group_by,
     )
 
 
-def _print_summary(learner: PolicyLearner, out: Path) -> None:
+def print_summary(learner: PolicyLearner, out: Path) -> None:
+    """What ``stopserve train`` prints on stderr: the CV table, the guard, features, notes, the choice."""
     dp = learner.dp_
     cv = learner.cv_
     guard = learner.guard_

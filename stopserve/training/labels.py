@@ -89,6 +89,9 @@ class DecisionPoints:
     c_final: FloatArray
     propensity: FloatArray
     is_last: BoolArray
+    #: the decision logged here said stop (the logging policy stopped the run here, unless events
+    #: follow: then the caller went on regardless)
+    logged_stop: BoolArray
     #: q here is the run's final outcome filled in at its own stop (no grade, no reward label):
     #: the quality a run hands back because it ends there, not one a stop could take earlier
     q_filled: BoolArray
@@ -176,6 +179,7 @@ class DecisionPoints:
             c_final=self.c_final[rows],
             propensity=self.propensity[rows],
             is_last=self.is_last[rows],
+            logged_stop=self.logged_stop[rows],
             q_filled=self.q_filled[rows],
             elapsed=self.elapsed[rows],
             tokens=self.tokens[rows],
@@ -222,6 +226,7 @@ class _Columns:
         self.c_sec = array("d")
         self.propensity = array("d")
         self.is_last = array("b")
+        self.logged_stop = array("b")
         self.q_filled = array("b")
         self.latest_reward = array("d")
         self.loop = array("b")
@@ -313,6 +318,7 @@ class DecisionPart:
     seconds: FloatArray
     propensity: FloatArray
     is_last: BoolArray
+    logged_stop: BoolArray
     q_filled: BoolArray
     latest_reward: FloatArray
     loop: BoolArray
@@ -481,6 +487,7 @@ def decision_part(
             cols.c_sec.append(float(ev.t))
             cols.propensity.append(ev.decision.propensity if ev.decision is not None else 1.0)
             cols.is_last.append(0)
+            cols.logged_stop.append(ev.decision is not None and ev.decision.action == "stop")
             cols.q_filled.append(0)
             # the reward the quality_met net reads: the run's primary channel
             latest = state.latest_reward
@@ -538,6 +545,7 @@ def decision_part(
         seconds=np.array(cols.c_sec, dtype=np.float64),
         propensity=np.array(cols.propensity, dtype=np.float64),
         is_last=np.array(cols.is_last, dtype=bool),
+        logged_stop=np.array(cols.logged_stop, dtype=bool),
         q_filled=np.array(cols.q_filled, dtype=bool),
         latest_reward=np.array(cols.latest_reward, dtype=np.float64),
         loop=np.array(cols.loop, dtype=bool),
@@ -634,6 +642,7 @@ def assemble_decision_points(
         c_final=(trace_c_final / scale)[trace_idx],
         propensity=cat("propensity"),
         is_last=cat("is_last"),
+        logged_stop=cat("logged_stop"),
         q_filled=cat("q_filled"),
         elapsed=cat("seconds"),
         tokens=tokens,

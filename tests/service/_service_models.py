@@ -9,10 +9,13 @@ import numpy as np
 from stopserve.features import FEATURE_NAMES
 
 
-def tiny_model(out: Path, version: str, *, stop_bias: float = 0.0) -> Path:
+def tiny_model(
+    out: Path, version: str, *, stop_bias: float = 0.0, margin_continue: float | None = None
+) -> Path:
     """A real, tiny LightGBM model directory (g, k; 3 trees each) written by the artifact writer.
 
     ``stop_bias`` > 0 makes the value of continuing negative (the model wants to stop); < 0 positive.
+    ``margin_continue``: None never overrules a rule or a proposed stop; a number lets it go on past one.
     """
     import lightgbm as lgb
 
@@ -35,7 +38,7 @@ def tiny_model(out: Path, version: str, *, stop_bias: float = 0.0) -> Path:
         "method": "behavior",
         "default_lambda": 0.0,
         "cost_unit": "ktokens",
-        "margins": {"stop": 0.0, "continue": None},
+        "margins": {"stop": 0.0, "continue": margin_continue},
         "min_turns": 0,
     }
     return save_model_dir(out, manifest, texts)

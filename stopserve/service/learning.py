@@ -1,0 +1,174 @@
+"""The service's side of learning from its own runs: follow the champion, retrain in the background.
+
+* **Follow the champion.** When the model store (``STOPSERVE_MODEL_STORE``, default
+  ``<log_dir>/models``) holds a champion, the service serves it; every tick it checks the
+  champion pointer (one ``stat``) and reloads when a retrain promoted a model or a
+  rollback restored one. Replicas that share the store (as they share the log
+  directory) all follow it within a tick.
+* **Retrain in the background.** With ``STOPSERVE_RETRAIN_EVERY=N`` every N-th finished run
+  (counted by the run store: every replica's runs, on Redis) starts ``stopserve retrain``
+  in a separate process at a lower priority: a decide call never waits on it (the
+  GIL is not shared) and it takes no core from them that the machine needs first. A
+  retrain already running (here, or in another replica: the store's lock) is not started
+  twice. What it does is in the promotions log; its output in ``<store>/retrain.log``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+from stopserve.api import ChampionInfo
+from stopserve.errors import ConfigError
+from stopserve.model_store import Champion, ModelStore
+from stopserve.service.metrics import Metrics
+from stopserve.service.store import RunStore, StoreUnavailableError
+from stopserve.settings import Settings
+
+__all__ = ["LearningLoop"]
+
+_log = logging.getLogger("stopserve.service")
+
+#: Niceness of the background retrain: the service's decide calls get the CPU first.
+RETRAIN_NICE = 10
+
+
+class LearningLoop:
+    """One service process's champion pointer and background retrains."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, store: RunStore) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.store = store
+        root = settings.resolved_model_store()
+        self.models = ModelStore(root) if root is not None else None
+        self.following = False
+        self._seen: tuple[int, int] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._out: IO[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def champion(self) -> Champion | None:
+        """The store's champion now (and remember its pointer as seen); None without one."""
+        if self.models is None:
+            return None
+        self._seen = self.models.signature()
+        if self._seen is None:
+            return None
+        try:
+            return self.models.champion()
+        except ConfigError as exc:
+            _log.error("model store: %s", exc)
+            return None
+
+    def changed(self) -> Champion | None:
+        """The champion, when its pointer changed since it was last read; else None."""
+        if self.models is None or self.models.signature() == self._seen:
+            return None
+        return self.champion()
+
+    def info(self) -> ChampionInfo | None:
+        """What ``GET /v1/model`` shows of the store's champion."""
+        if self.models is None or self.models.signature() is None:
+            return None
+        try:
+            champion = self.models.champion()
+        except ConfigError:
+            return None
+        if champion is None:
+            return None
+        return ChampionInfo(
+            store=str(self.models.root),
+            version=champion.version,
+            path=str(champion.path),
+            promotions=max(0, len(champion.history) - 1),
+            following=self.following,
+        )
+
+    # ------------------------------------------------------------------ background retrain
+
+    def finished(self, served: Path | None) -> None:
+        """One run finished: start a retrain when it is the N-th (``STOPSERVE_RETRAIN_EVERY``)."""
+        every = self.settings.retrain_every
+        if every is None or self.models is None:
+            return
+        try:
+            n = self.store.count_outcome()
+        except StoreUnavailableError as exc:
+            _log.warning("cannot count finished runs for STOPSERVE_RETRAIN_EVERY: %s", exc)
+            return
+        if n % every == 0:
+            self.start_retrain(served)
+
+    def command(self, served: Path | None) -> list[str]:
+        """The ``stopserve retrain`` command line the service runs."""
+        s = self.settings
+        assert self.models is not None
+        cmd = [sys.executable, "-m", "stopserve", "retrain", "--model-store", str(self.models.root)]
+        if s.log_dir is not None:
+            cmd += ["--log-dir", str(s.log_dir)]
+        if served is not None:
+            cmd += ["--champion", str(served)]
+        if s.lam is not None:
+            cmd += ["--lambda", repr(s.lam)]
+        elif s.cost_share is not None:
+            cmd += ["--cost-share", repr(s.cost_share)]
+        cmd += ["--nice", str(RETRAIN_NICE), "--no-progress", *shlex.split(s.retrain_args)]
+        return cmd
+
+    def start_retrain(self, served: Path | None) -> bool:
+        """Start a background retrain unless one is running in this process; whether it started."""
+        if self.models is None:
+            return False
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                self.metrics.retrains.labels(result="busy").inc()
+                return False
+            self._reap()
+            self.models.root.mkdir(parents=True, exist_ok=True)
+            self._out = (self.models.root / "retrain.log").open("ab")
+            cmd = self.command(served)
+            try:
+                self._proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=self._out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                _log.error("could not start the background retrain %s: %s", cmd, exc)
+                self.metrics.retrains.labels(result="failed").inc()
+                return False
+            self.metrics.retrains.labels(result="started").inc()
+            _log.info("background retrain started (pid %d): %s", self._proc.pid, shlex.join(cmd))
+            return True
+
+    def running(self) -> bool:
+        """A retrain this process started is still running."""
+        with self._lock:
+            return self._proc is not None and self._proc.poll() is None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the retrain this process started (tests, shutdown); its exit code, None if none."""
+        proc = self._proc
+        return None if proc is None else proc.wait(timeout)
+
+    def _reap(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+    def close(self) -> None:
+        """Leave a running retrain to finish on its own (its promotion is followed at the next start)."""
+        with self._lock:
+            self._reap()
+
+    def state(self) -> dict[str, Any]:
+        """A summary for logs and tests."""
+        return {"following": self.following, "running": self.running()}

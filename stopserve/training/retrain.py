@@ -1,0 +1,524 @@
+"""``stopserve retrain`` and ``stopserve rollback``: a model of your own system, promoted on evidence.
+
+A retrain reads the service's trace log (``<log_dir>/traces.jsonl`` and its rotated files,
+oldest first), holds out the most recent share of the logged runs (``--holdout``), and:
+
+1. fits a candidate on the rest (and on ``--corpus``, earlier traces) with the trainer
+   :class:`~stopserve.training.fit.PolicyLearner`, its options those of ``stopserve train``;
+2. replays the candidate, the champion (the model served now) and every tuned heuristic
+   (tuned on the training runs) through their own ``decide`` on the held-out runs, and
+   estimates each one's value off-policy (:mod:`stopserve.training.offpolicy`: those runs
+   were decided by the champion, and a policy that goes on where the champion stopped is
+   judged through the explored runs, with its support counted);
+3. promotes the candidate only when the lower end of the paired 90% interval of
+   (candidate − champion), doubly robust, is above 0 and both figures are supported;
+   otherwise says why, with the numbers. Either way one line goes to the promotions log
+   (:class:`stopserve.model_store.ModelStore`) with the evidence.
+
+The promoted model is copied into the model store and becomes its champion; every
+service process that reads the store serves it within a tick. ``stopserve rollback``
+restores the champion before it. One retrain runs at a time per store (a lock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from stopserve.errors import ConfigError, TrainingError
+from stopserve.model_store import Champion, ModelStore
+from stopserve.policy import Policy
+from stopserve.service.log import log_files
+from stopserve.settings import default_model_dir, load_settings
+from stopserve.training.backend import TraceSource
+from stopserve.training.fit import DEFAULT_COST_SHARE, PolicyLearner, learner_from_args
+from stopserve.training.heuristics import tune_heuristics
+from stopserve.training.labels import build_decision_points
+from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged, logged_traces_ok
+from stopserve.training.replay import REPLAY_ENGINE, replay_decide
+
+__all__ = [
+    "Judgement",
+    "RetrainResult",
+    "evaluate_logged_runs",
+    "judge",
+    "logged_command",
+    "logged_runs",
+    "retrain",
+    "retrain_command",
+    "rollback_command",
+]
+
+#: Fewer logged runs than this to train on: no candidate is fitted.
+MIN_TRAIN_RUNS: Final = 20
+#: The estimator the promotion gate reads.
+GATE_ESTIMATOR: Final = "dr"
+
+
+@dataclass
+class RetrainResult:
+    """What a retrain did: promoted or not, why, and the evidence (what the promotions log holds)."""
+
+    promoted: bool
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    champion: Champion | None = None
+    evaluation: LoggedEvaluation | None = None
+
+
+def logged_runs(log_dir: Path) -> list[Path]:
+    """The service's trace log files, oldest first (rotated ones, then ``traces.jsonl``)."""
+    return log_files(log_dir / "traces.jsonl")
+
+
+def _lines(paths: Sequence[Path]) -> Iterator[bytes]:
+    """The whole lines of JSON Lines files, in order (a line still being written is left out)."""
+    for path in paths:
+        with path.open("rb") as fh:
+            for line in fh:
+                if line.endswith(b"\n") and line.strip():
+                    yield line
+
+
+def _split(
+    paths: Sequence[Path], holdout: float, work: Path
+) -> tuple[Path, Path, int, int, set[tuple[str, float]]]:
+    """Write the logged runs to ``work/train.jsonl`` and their most recent ``holdout`` share to
+    ``work/holdout.jsonl``; the two counts, and the objectives the runs were decided at."""
+    n = sum(1 for _ in _lines(paths))
+    n_hold = math.ceil(holdout * n) if n else 0
+    train, held = work / "train.jsonl", work / "holdout.jsonl"
+    objectives: set[tuple[str, float]] = set()
+    with train.open("wb") as a, held.open("wb") as b:
+        for i, line in enumerate(_lines(paths)):
+            (a if i < n - n_hold else b).write(line)
+            metrics = orjson.loads(line).get("metrics") or {}
+            for key in ("service_lambda", "service_cost_share"):
+                if key in metrics:
+                    objectives.add((key, float(metrics[key])))
+    return train, held, n - n_hold, n_hold, objectives
+
+
+def _objective(args: argparse.Namespace, objectives: set[tuple[str, float]]) -> str:
+    """Set ``args.lam`` / ``args.cost_share`` from the logged runs when none is given; say from where."""
+    if args.lam is not None or args.cost_share is not None:
+        return "given"
+    if not objectives:
+        return "the trainer's default (the runs carry no service_lambda or service_cost_share)"
+    if len(objectives) > 1:
+        seen = ", ".join(f"{k.removeprefix('service_')} {v:g}" for k, v in sorted(objectives))
+        raise ConfigError(
+            f"the logged runs were decided at several cost weights ({seen}): give --lambda or --cost-share"
+        )
+    ((key, value),) = objectives
+    if key == "service_lambda":
+        args.lam = value
+    else:
+        args.cost_share = value
+    return f"the logged runs' {key.removeprefix('service_').replace('_', ' ')} {value:g}"
+
+
+def _champion_dir(store: ModelStore, given: str | None) -> tuple[Path | None, str]:
+    """The model served now, and where that was read: ``--champion``, the store, the settings."""
+    if given:
+        return Path(given), "--champion"
+    champion = store.champion()
+    if champion is not None:
+        return champion.path, f"the champion of {store.root}"
+    configured = load_settings().resolved_model_dir()
+    return configured, "STOPSERVE_MODEL_DIR" if configured != default_model_dir() else "the shipped default"
+
+
+def retrain(
+    args: argparse.Namespace,
+    *,
+    store: ModelStore,
+    log_dir: Path,
+    log: Any = None,
+) -> RetrainResult:
+    """One retrain with the command's options (see the module docstring); promotes unless ``dry_run``."""
+    say = log if log is not None else (lambda text: None)
+    t0 = time.perf_counter()
+    if getattr(args, "cost_scale", "fixed") != "fixed":
+        raise ConfigError("retrain learns a model of the system it served: --cost-scale fixed (the default)")
+    files = logged_runs(log_dir)
+    if not files:
+        raise TrainingError(f"{log_dir}: no trace log (traces.jsonl): the service has logged no finished run")
+    work = store.root / "work"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    train, held, n_train, n_hold, objectives = _split(files, args.holdout, work)
+    objective = _objective(args, objectives)
+    corpus = [Path(p) for p in (args.corpus or [])]
+    champion_dir, champion_from = _champion_dir(store, args.champion)
+    base: dict[str, Any] = {
+        "log_dir": str(log_dir),
+        "trained_on": {"logged_runs": n_train, "corpus": [str(p) for p in corpus]},
+        "judged_on": {"runs": n_hold, "holdout": args.holdout},
+        "objective": {"lambda": args.lam, "cost_share": args.cost_share, "from": objective},
+        "champion": {"path": None if champion_dir is None else str(champion_dir), "from": champion_from},
+    }
+    if n_hold < MIN_RUNS or n_train < MIN_TRAIN_RUNS:
+        return RetrainResult(
+            False,
+            f"too few logged runs: {n_train} to train on and {n_hold} to judge on (at least {MIN_TRAIN_RUNS} "
+            f"and {MIN_RUNS}); the champion stays",
+            base,
+        )
+    say(f"retrain: {n_train} logged runs to train on (+ {len(corpus)} corpus files), {n_hold} to judge on")
+    t_fit = time.perf_counter()
+    trained_on = [str(p) for p in (*corpus, train)]
+    guard: dict[str, Any] | None = None
+    best: str | None = None
+    if args.candidate:
+        candidate_dir = Path(args.candidate)
+        # a model prices cost in its own unit: judge it in that unit unless told otherwise
+        unit = (Policy.load(candidate_dir, engine=REPLAY_ENGINE).manifest or {}).get("cost_unit")
+        train_dp = build_decision_points(
+            iter(TraceSource(trained_on)),
+            cost_unit=args.cost_unit or unit,
+            labels_from_rewards=args.labels_from_rewards,
+            group_by=args.group_by,
+        )
+        mean_cost = float(train_dp.trace_c_final.mean())
+        given = args.cost_share if args.cost_share is not None else DEFAULT_COST_SHARE
+        lam = float(args.lam) if args.lam is not None else (given / mean_cost if mean_cost > 0 else 0.0)
+    else:
+        learner: PolicyLearner = learner_from_args(args, progress=not args.no_progress)
+        learner.fit(
+            trained_on,
+            cost_unit=args.cost_unit,
+            labels_from_rewards=args.labels_from_rewards,
+            group_by=args.group_by,
+        )
+        candidate_dir = learner.save(work / "candidate")
+        train_dp, lam = learner.dp_, float(learner.cv_["lambda"])
+        guard, best = learner.guard_, f"heuristic {learner.cv_['best_heuristic']}"
+    fit_s = time.perf_counter() - t_fit
+    candidate = Policy.load(candidate_dir, engine=REPLAY_ENGINE)
+    champion = (
+        Policy.load(champion_dir, engine=REPLAY_ENGINE) if champion_dir is not None else Policy.safety_only()
+    )
+    t_eval = time.perf_counter()
+    heuristics = {f"heuristic {n}": h.policy() for n, h in tune_heuristics(train_dp, lam).items()}
+    # each policy replayed as the service serves it: with the cost weight the runs are decided at
+    share = args.cost_share if args.cost_share is not None else DEFAULT_COST_SHARE
+    asked = {"lam": lam} if args.lam is not None else {"cost_share": share}
+    verdict = judge(
+        candidate,
+        champion,
+        held,
+        lam=lam,
+        objective=asked,
+        heuristics=heuristics,
+        cost_unit=train_dp.cost_unit,
+        labels_from_rewards=args.labels_from_rewards,
+        group_by=args.group_by,
+        n_boot=args.n_boot,
+        seed=args.seed,
+    )
+    eval_s = time.perf_counter() - t_eval
+    ev = verdict.evaluation
+    evidence = {
+        **base,
+        **verdict.evidence,
+        "judged_on": {**base["judged_on"], **verdict.evidence["judged_on"]},
+        "candidate": {
+            "path": str(candidate_dir) if args.candidate else None,
+            "version": candidate.model_version,
+            "kind": candidate.kind,
+            "guard": guard,
+        },
+        "champion": {**base["champion"], "version": champion.model_version, "kind": champion.kind},
+        "best_heuristic": best,
+        "timings": {"fit_s": fit_s, "evaluate_s": eval_s, "total_s": time.perf_counter() - t0},
+    }
+    promoted, reason = verdict.promoted, verdict.reason
+    result = RetrainResult(promoted, reason, evidence, evaluation=ev)
+    if args.dry_run:
+        return result
+    if promoted:
+        assert candidate.model_version is not None
+        result.champion = store.promote(
+            candidate_dir,
+            version=candidate.model_version,
+            previous={"version": champion.model_version, "path": champion_dir}
+            if champion_dir is not None
+            else None,
+            evidence={**evidence, "reason": reason},
+        )
+    else:
+        kept = store.keep_candidate(candidate_dir)
+        store.log({"kind": "refusal", "candidate": str(kept), "reason": reason, "evidence": evidence})
+    return result
+
+
+def evaluate_logged_runs(
+    policies: Mapping[str, Policy],
+    paths: Sequence[str | Path],
+    *,
+    lam: float,
+    objective: Mapping[str, float],
+    model: Policy | None = None,
+    cost_unit: str | None = None,
+    labels_from_rewards: bool = False,
+    group_by: str = "task",
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> LoggedEvaluation:
+    """IS and DR figures of ``policies`` on the logged runs in ``paths``, each replayed as served.
+
+    Every policy decides through its own ``decide`` with ``objective`` (``lam`` or
+    ``cost_share``, as the service is asked); values are ``q − lam·c``; intervals resample
+    whole ``group_by`` groups. ``model``: the DR model part of a policy without boosters.
+    """
+    source = TraceSource(list(paths))
+    dp = build_decision_points(
+        iter(source), cost_unit=cost_unit, labels_from_rewards=labels_from_rewards, group_by=group_by
+    )
+    order = list(policies)
+    stops = replay_decide(
+        iter(source),
+        dp,
+        lambda i: [policies[n] for n in order],
+        lam=objective.get("lam"),
+        cost_share=objective.get("cost_share"),
+    )
+    return evaluate_logged(
+        policies,
+        dp,
+        {n: stops[j] for j, n in enumerate(order)},
+        lam=lam,
+        model=model,
+        groups=dp.group,
+        n_boot=n_boot,
+        seed=seed,
+    )
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The promotion gate's answer, its reason in words and the off-policy figures behind it."""
+
+    promoted: bool
+    reason: str
+    evaluation: LoggedEvaluation
+    evidence: dict[str, Any]
+
+
+def judge(
+    candidate: Policy,
+    champion: Policy,
+    held: Path,
+    *,
+    lam: float,
+    objective: Mapping[str, float],
+    heuristics: Mapping[str, Policy] | None = None,
+    cost_unit: str | None = None,
+    labels_from_rewards: bool = False,
+    group_by: str = "task",
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> Judgement:
+    """Judge ``candidate`` against ``champion`` off-policy on the logged runs in ``held``.
+
+    Every policy is replayed through its own ``decide`` with ``objective`` (``lam`` or
+    ``cost_share``, as the service is asked); values are ``q − lam·c``. The candidate is
+    promoted only when both figures are supported and the lower end of the paired 90%
+    interval of (candidate − champion), doubly robust, is above 0.
+    """
+    policies: dict[str, Policy] = {"candidate": candidate, "champion": champion, **(heuristics or {})}
+    model = candidate if candidate.inference is not None else champion if champion.inference else None
+    ev = evaluate_logged_runs(
+        policies,
+        [held],
+        lam=lam,
+        objective=objective,
+        model=model,
+        cost_unit=cost_unit,
+        labels_from_rewards=labels_from_rewards,
+        group_by=group_by,
+        n_boot=n_boot,
+        seed=seed,
+    )
+    dp = ev.dp
+    diff, (lo, hi) = ev.difference("candidate", "champion", GATE_ESTIMATOR)
+    cand, champ = ev.estimates["candidate"], ev.estimates["champion"]
+    n = dp.n_traces
+    if not cand.enough:
+        reason = f"the candidate's figure is not supported: {cand.why}"
+    elif not champ.enough:
+        reason = f"the champion's figure is not supported: {champ.why}"
+    elif lo <= 0.0:
+        reason = (
+            f"not better on the {n} held-out runs: candidate − champion = {diff:+.4f} per run, "
+            f"90% interval [{lo:+.4f}, {hi:+.4f}]: its lower end is not above 0"
+        )
+    else:
+        reason = (
+            f"better on the {n} held-out runs: candidate − champion = {diff:+.4f} per run, 90% interval "
+            f"[{lo:+.4f}, {hi:+.4f}]"
+        )
+    evidence = {
+        "lambda": lam,
+        "cost_unit": dp.cost_unit,
+        "judged_on": {
+            "first": str(dp.trace_id[0]),
+            "last": str(dp.trace_id[-1]),
+            "groups": len(set(dp.group.tolist())),
+        },
+        "estimates": ev.to_dict()["policies"],
+        "difference": {"estimator": GATE_ESTIMATOR, "mean": diff, "ci90": [lo, hi]},
+    }
+    return Judgement(cand.enough and champ.enough and lo > 0.0, reason, ev, evidence)
+
+
+def _stores(args: argparse.Namespace) -> tuple[ModelStore, Path]:
+    settings = load_settings()
+    log_dir = Path(args.log_dir) if args.log_dir else settings.log_dir
+    if log_dir is None:
+        raise ConfigError("no log directory: give --log-dir (STOPSERVE_LOG_DIR is empty)")
+    root = args.model_store or settings.model_store or log_dir / "models"
+    return ModelStore(root), log_dir
+
+
+def _table(ev: LoggedEvaluation) -> str:
+    """The off-policy figures of every policy, one row each, with their support."""
+    rows = [
+        (
+            "policy",
+            "IS",
+            "IS 90% interval",
+            "DR",
+            "DR 90% interval",
+            "runs exact/weighted/zeroed/unsupported",
+            "ESS",
+            "support",
+        )
+    ]
+    for name, e in ev.estimates.items():
+        rows.append(
+            (
+                name,
+                f"{e.ips:.4f}",
+                f"[{e.ips_ci90[0]:.4f}, {e.ips_ci90[1]:.4f}]",
+                f"{e.dr:.4f}",
+                f"[{e.dr_ci90[0]:.4f}, {e.dr_ci90[1]:.4f}]",
+                f"{e.exact}/{e.weighted}/{e.zeroed}/{e.unsupported}",
+                f"{e.ess:.0f}",
+                "ok" if e.enough else "too few",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def retrain_command(args: argparse.Namespace) -> int:
+    """``stopserve retrain``: fit, judge off-policy on the newest runs, promote or refuse (exit 0)."""
+    if args.nice:
+        os.nice(args.nice)
+    store, log_dir = _stores(args)
+    with store.lock():
+        result = retrain(args, store=store, log_dir=log_dir, log=lambda text: print(text, file=sys.stderr))
+        if result.evaluation is None and not args.dry_run:
+            store.log({"kind": "refusal", "reason": result.reason, "evidence": result.evidence})
+    if args.json:
+        data = {"promoted": result.promoted, "reason": result.reason, **result.evidence}
+        print(json.dumps(data, default=str))
+    else:
+        if result.evaluation is not None:
+            lam = result.evidence.get("lambda")
+            print(f"value per run at lambda {lam:.4g} per {result.evidence.get('cost_unit')}, off-policy:")
+            print(_table(result.evaluation))
+        verdict = "PROMOTED" if result.promoted else "not promoted"
+        where = f" -> {result.champion.path}" if result.champion is not None else ""
+        print(f"{verdict}{' (dry run)' if args.dry_run else ''}: {result.reason}{where}")
+    return 0
+
+
+def logged_command(args: argparse.Namespace) -> int:
+    """``stopserve evaluate --logged``: off-policy figures of a model on runs another policy decided.
+
+    The traces are the service's logs (each decision with its propensity). The model, the
+    runs as logged and, with ``--tune-on``, the tuned heuristics are each replayed through
+    ``decide`` and estimated by IS and DR (:mod:`stopserve.training.offpolicy`), with 90%
+    intervals over ``--group-by`` groups and the runs that support each figure.
+    """
+    if args.plot or getattr(args, "dask", None) is not None:
+        raise ConfigError("evaluate --logged: --plot and --dask do not apply to off-policy figures")
+    policy = Policy.load(args.model, engine=REPLAY_ENGINE)
+    manifest: dict[str, Any] = dict(policy.manifest or {})
+    cost_unit = args.cost_unit or manifest.get("cost_unit")
+    labels = bool(args.labels_from_rewards or manifest.get("labels_from_rewards", False))
+    paths = [str(p) for p in args.traces]
+    dp = build_decision_points(
+        iter(TraceSource(paths)), cost_unit=cost_unit, labels_from_rewards=labels, group_by=args.group_by
+    )
+    lam_, share = policy.resolve(args.lam, args.cost_share)
+    mean_cost = float(dp.trace_c_final.mean()) if dp.n_traces else 0.0
+    lam = lam_ if lam_ is not None else (share or 0.0) / mean_cost if mean_cost > 0 else 0.0
+    objective = {"lam": lam_} if lam_ is not None else {"cost_share": share or 0.0}
+    policies: dict[str, Policy] = {"model": policy}
+    if args.tune_on:
+        tune = build_decision_points(
+            iter(TraceSource([str(p) for p in args.tune_on])),
+            cost_unit=dp.cost_unit,
+            labels_from_rewards=labels,
+            group_by=args.group_by,
+        )
+        policies |= {f"heuristic {n}": h.policy() for n, h in tune_heuristics(tune, lam).items()}
+    ev = evaluate_logged_runs(
+        policies,
+        paths,
+        lam=lam,
+        objective=objective,
+        model=policy if policy.inference is not None else None,
+        cost_unit=dp.cost_unit,
+        labels_from_rewards=labels,
+        group_by=args.group_by,
+        seed=args.seed,
+    )
+    notes = list(logged_traces_ok(ev.dp))
+    notes += [
+        f"{name}: too few runs support its figure: {e.why}" for name, e in ev.estimates.items() if e.why
+    ]
+    if args.json:
+        print(
+            json.dumps({**ev.to_dict(), "runs": ev.dp.n_traces, "cost_unit": ev.dp.cost_unit, "notes": notes})
+        )
+        return 0
+    explored = int((ev.dp.propensity < 1.0).sum())
+    groups = len(set(ev.dp.group.tolist()))
+    print(
+        f"{ev.dp.n_traces} logged runs ({explored} decisions explored or explorable), value per run at "
+        f"lambda {lam:.4g} per {ev.dp.cost_unit}, off-policy; 90% intervals over "
+        f"{groups} {args.group_by} groups:"
+    )
+    print(_table(ev))
+    for note in notes:
+        print(f"NOTE: {note}")
+    return 0
+
+
+def rollback_command(args: argparse.Namespace) -> int:
+    """``stopserve rollback``: the champion before the current one is the champion again."""
+    store, _ = _stores(args)
+    current = store.champion()
+    champion = store.rollback()
+    print(
+        f"rolled back: {current.version if current else None} -> {champion.version} ({champion.path}); "
+        "the service follows within a tick"
+    )
+    return 0

@@ -61,6 +61,8 @@ OUTCOMES_KEY: Final = "stopserve:outcomes"
 _CHUNK: Final = 1000
 #: How often the live-run count and Redis's memory are read for /metrics (seconds).
 _GAUGE_PERIOD_S: Final = 30.0
+#: Connections of a process's asyncio pool; a call past them waits for one to come free.
+_ASYNC_CONNECTIONS: Final = 100
 
 # KEYS: run, seen, closed. ARGV: ttl ms, keep ms, whole (0/1), event ids...
 # -> {"closed"} | {"gone", last used ms, now ms} | {"none"} | {"ok", v, s, folded flags... | all fields}
@@ -191,7 +193,7 @@ class RedisRunStore:
             "retry_on_error": list(retry),
             **options,
         }
-        self._async_client: Callable[..., Any] = redis.asyncio.Redis.from_url
+        self._async_client: Callable[..., Any] = _blocking_client
         self._async: Any = None
         self._scripts = {name: self._sync.register_script(src) for name, src in _SCRIPTS.items()}
         self._ascripts: dict[str, Any] = {}
@@ -430,6 +432,21 @@ class RedisRunStore:
 
 
 _SCRIPTS: Final = {"read": _READ, "save": _SAVE, "close": _CLOSE, "reopen": _REOPEN}
+
+
+def _blocking_client(url: str, **options: Any) -> Any:
+    """An asyncio client whose pool makes a call wait for a free connection, not fail.
+
+    A batch decides its runs concurrently, more of them than the pool holds; redis-py's plain
+    pool refuses the call past its size ("Too many connections"). The wait is bounded by the
+    socket timeout, after which the run store is reported unavailable as for any other error.
+    """
+    import redis.asyncio
+
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, max_connections=_ASYNC_CONNECTIONS, timeout=options.get("socket_timeout") or 20.0, **options
+    )
+    return redis.asyncio.Redis.from_pool(pool)
 
 
 def _keys(run_id: str) -> list[str]:

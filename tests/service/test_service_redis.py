@@ -178,3 +178,16 @@ def test_a_run_named_twice_in_a_batch_is_decided_in_order(redis: RedisServer, tm
         assert r.status_code == 200
         turns = [x["decision"]["turn"] for x in r.json()["results"]]
         assert turns == [1, 2, 3, 4, 1]
+
+
+def test_a_batch_of_more_runs_than_the_connection_pool_holds_is_decided_whole(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """A batch's runs are decided concurrently; past the asyncio pool's size they wait for a
+    connection instead of each failing with "Too many connections"."""
+    with make_client(tmp_path, store=redis.url) as c:
+        runs = [{"run_id": f"pool-{i}", "events": turn_events(0)} for i in range(300)]
+        r = c.post("/v1/decide:batch", json={"runs": runs})
+        assert r.status_code == 200, r.text
+        errors = [x["error"] for x in r.json()["results"] if x["decision"] is None]
+        assert not errors, f"{len(errors)} of 300 runs failed, e.g. {errors[0]}"

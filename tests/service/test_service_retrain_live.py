@@ -149,7 +149,6 @@ def test_a_promotion_reaches_both_replicas_on_redis(tmp_path: Path) -> None:
         with a, b:
             assert version(a.url) == version(b.url) == "rule-0.5"
             halves = [runs(120, seed=7), runs(120, seed=8)]
-            # batches of 40 runs: redis-py's asyncio pool holds 100 connections and refuses beyond
             for half, k in zip(halves, "ab", strict=True):
                 for t in half:
                     t["trace_id"] = f"{k}-{t['trace_id']}"

@@ -298,7 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-boot", type=_positive_int, default=1000, help="bootstrap draws of the intervals")
     p.add_argument("--dry-run", action="store_true", help="judge the candidate, promote nothing, log nothing")
     p.add_argument("--json", action="store_true", help="print the evidence as one JSON object")
-    p.add_argument("--nice", type=_non_negative_int, default=0, help="lower this process's priority by N")
+    p.add_argument(
+        "--nice",
+        type=_non_negative_int,
+        default=0,
+        help="lower this process's priority by N; on Linux it then also runs as SCHED_IDLE, on CPU "
+        "time nothing else wants (the service's background retrain uses 10)",
+    )
     _fit_options(p)
     p.add_argument("--seed", type=int, default=0, help="Default: 0")
     _no_progress(p)

@@ -429,6 +429,8 @@ def retrain_command(args: argparse.Namespace) -> int:
     """``stopserve retrain``: fit, judge off-policy on the newest runs, promote or refuse (exit 0)."""
     if args.nice:
         os.nice(args.nice)
+        if hasattr(os, "SCHED_IDLE"):  # Linux: run only on CPU the service leaves idle
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     store, log_dir = _stores(args)
     with store.lock():
         result = retrain(args, store=store, log_dir=log_dir, log=lambda text: print(text, file=sys.stderr))

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +187,18 @@ def test_evaluate_logged_gives_the_support_and_says_when_it_is_too_thin(
         cli(["evaluate", "--logged", "--model", str(later), str(log), "--plot", str(tmp_path / "x.png")]) == 2
     )
     assert "--plot and --dask do not apply" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_a_niced_retrain_runs_on_idle_cpu_only(tmp_path: Path) -> None:
+    """The service's background retrain (``--nice``) must not take CPU from decide calls."""
+    probe = (
+        "import os, sys\n"
+        "from stopserve.cli import main\n"
+        "code = main(['retrain', '--nice', '3', '--log-dir', sys.argv[1]])\n"
+        "print(os.sched_getscheduler(0) == os.SCHED_IDLE, os.nice(0), code)\n"
+    )
+    cmd = [sys.executable, "-c", probe, str(tmp_path / "no-logs")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    idle, niceness, _ = out.stdout.split()
+    assert idle == "True" and int(niceness) >= 3, out.stderr[-2000:]

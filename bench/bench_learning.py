@@ -308,13 +308,19 @@ def _judge_retrain(
     candidate = Policy.load(candidate_dir, engine=REPLAY_ENGINE)
     logged = _logged(logs)
     n_hold = int(evidence["judged_on"]["runs"])
+    # the retrain's held-out runs: the most recently started (as it orders them)
+    if all("service_started" in (t.get("metrics") or {}) for t in logged):
+        logged = sorted(logged, key=lambda t: float(t["metrics"]["service_started"]))
     held = [twins[t["trace_id"]] for t in logged[len(logged) - n_hold :]]
     truth = {
         "candidate": float(true_values(candidate, held, lam).mean()),
         "champion": float(true_values(champion, held, lam).mean()),
     }
+    # the challenger the difference is of: the candidate, or the tuned heuristic promoted instead
+    shown = evidence["difference"].get("policy", "candidate")
+    out["promoted_policy"] = evidence.get("winner")
     for who in ("candidate", "champion"):
-        est = estimates[who]
+        est = estimates[shown if who == "candidate" else who]
         lo, hi = est["dr_ci90"]
         out[who] = {
             "truth": truth[who],
@@ -403,10 +409,9 @@ def real_replay(name: str, size: dict[str, Any], work: Path) -> dict[str, Any] |
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         deadline = time.monotonic() + 30
         if result["promoted"]:
-            while (
-                time.monotonic() < deadline
-                and http.get("/v1/model").json()["model_version"] != result["candidate"]["version"]
-            ):
+            # the candidate, or the tuned heuristic the gate promoted instead
+            want = (result.get("promoted_policy") or {}).get("version") or result["candidate"]["version"]
+            while time.monotonic() < deadline and http.get("/v1/model").json()["model_version"] != want:
                 time.sleep(0.2)
         champion = Policy.load(Path(http.get("/v1/model").json()["path"]), engine=REPLAY_ENGINE)
     lam = float(result.get("lambda", lam))  # what the retrain judged at

@@ -260,8 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
         "retrain",
         help="learn a model from the service's logs; promote it only if it beats the champion on new runs",
         description="Fit a candidate on the service's logged runs (and --corpus), judge it, the champion and "
-        "the tuned heuristics off-policy on the most recent runs it did not train on, and promote it "
-        "only when the lower end of the 90% interval of (candidate - champion) is above 0; every "
+        "the tuned heuristics off-policy on the most recent runs it did not train on, and promote the "
+        "candidate or a heuristic only when the lower end of the 90% interval of (it - champion) is "
+        "above 0; every "
         "promotion and refusal goes to the promotions log with its evidence (docs/retraining.md).",
     )
     p.add_argument(
@@ -287,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--candidate",
         metavar="DIR",
-        help="judge this model directory (one you trained) instead of fitting a candidate",
+        help="judge this model directory (one you trained) instead of fitting a candidate; only it may "
+        "be promoted",
     )
     p.add_argument(
         "--holdout",

@@ -873,6 +873,9 @@ class Engine:
             trace["costs"] = req.costs
         metrics = dict(req.metrics)
         metrics.setdefault("service_decisions", float(run.n_decisions))
+        # when the run started (wall clock): `stopserve retrain` judges on the most recently started
+        # runs, not the last to finish (in a burst those are the longest)
+        metrics.setdefault("service_started", round(time.time() - (self.store.now() - run.created_at), 3))
         # what cost was worth when it was decided: what `stopserve retrain` learns for by default
         lam, share = run.lam, run.cost_share
         if lam is None and share is None:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import subprocess
 import sys
@@ -36,6 +37,42 @@ _log = logging.getLogger("stopserve.service")
 
 #: Niceness of the background retrain: the service's decide calls get the CPU first.
 RETRAIN_NICE = 10
+
+
+def _spawn_idle(cmd: list[str], out: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` at the background retrain's priority from its first instruction.
+
+    A child inherits the scheduling of the thread that forks it, so the fork is made from a
+    throwaway thread that first lowers its own priority (Linux: nice and policy are per
+    thread; SCHED_IDLE runs only on CPU time nothing else wants): the interpreter's start-up
+    and imports then never compete with a decide call, as the retrain's own ``--nice`` alone
+    (applied once it has started) would let them.
+    """
+    made: list[subprocess.Popen[bytes]] = []
+    failed: list[OSError] = []
+
+    def spawn() -> None:
+        try:
+            if hasattr(os, "SCHED_IDLE"):
+                os.setpriority(os.PRIO_PROCESS, 0, RETRAIN_NICE)  # 0: this thread, on Linux
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError as exc:  # not allowed here: the retrain's --nice still applies
+            _log.debug("could not lower the retrain thread's priority: %s", exc)
+        try:
+            made.append(
+                subprocess.Popen(
+                    cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
+        except OSError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=spawn, name="stopserve-retrain-spawn", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return made[0]
 
 
 class LearningLoop:
@@ -134,13 +171,7 @@ class LearningLoop:
             self._out = (self.models.root / "retrain.log").open("ab")
             cmd = self.command(served)
             try:
-                self._proc = subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=self._out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+                self._proc = _spawn_idle(cmd, self._out)
             except OSError as exc:
                 _log.error("could not start the background retrain %s: %s", cmd, exc)
                 self.metrics.retrains.labels(result="failed").inc()

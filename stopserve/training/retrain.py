@@ -1,7 +1,8 @@
 """``stopserve retrain`` and ``stopserve rollback``: a model of your own system, promoted on evidence.
 
 A retrain reads the service's trace log (``<log_dir>/traces.jsonl`` and its rotated files,
-oldest first), holds out the most recent share of the logged runs (``--holdout``), and:
+oldest first), holds out the most recent share of the logged runs (``--holdout``; the most
+recently *started*, as the service logs when each run started), and:
 
 1. fits a candidate on the rest (and on ``--corpus``, earlier traces) with the trainer
    :class:`~stopserve.training.fit.PolicyLearner`, its options those of ``stopserve train``;
@@ -10,12 +11,15 @@ oldest first), holds out the most recent share of the logged runs (``--holdout``
    estimates each one's value off-policy (:mod:`stopserve.training.offpolicy`: those runs
    were decided by the champion, and a policy that goes on where the champion stopped is
    judged through the explored runs, with its support counted);
-3. promotes the candidate only when the lower end of the paired 90% interval of
-   (candidate − champion), doubly robust, is above 0 and both figures are supported;
-   otherwise says why, with the numbers. Either way one line goes to the promotions log
+3. promotes a challenger -- the candidate, or a tuned heuristic that beats it (not with
+   ``--candidate``: then only that model) -- only when the lower end of the paired 90%
+   interval of (challenger − champion), doubly robust, is above 0 and both figures are
+   supported; of several, the highest lower end. Otherwise says why, with the numbers.
+   Either way one line goes to the promotions log
    (:class:`stopserve.model_store.ModelStore`) with the evidence.
 
-The promoted model is copied into the model store and becomes its champion; every
+The promoted model is compiled here (into the inference cache the service reads), copied
+into the model store and becomes its champion; every
 service process that reads the store serves it within a tick. ``stopserve rollback``
 restores the champion before it. One retrain runs at a time per store (a lock).
 """
@@ -36,6 +40,7 @@ from typing import Any, Final
 
 import orjson
 
+from stopserve.artifacts import save_model_dir
 from stopserve.errors import ConfigError, TrainingError
 from stopserve.model_store import Champion, ModelStore
 from stopserve.policy import Policy
@@ -43,7 +48,7 @@ from stopserve.service.log import log_files
 from stopserve.settings import default_model_dir, load_settings
 from stopserve.training.backend import TraceSource
 from stopserve.training.fit import DEFAULT_COST_SHARE, PolicyLearner, learner_from_args
-from stopserve.training.heuristics import tune_heuristics
+from stopserve.training.heuristics import TunedHeuristic, tune_heuristics
 from stopserve.training.labels import build_decision_points
 from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged, logged_traces_ok
 from stopserve.training.replay import REPLAY_ENGINE, replay_decide
@@ -64,6 +69,8 @@ __all__ = [
 MIN_TRAIN_RUNS: Final = 20
 #: The estimator the promotion gate reads.
 GATE_ESTIMATOR: Final = "dr"
+#: The manifest fields that say how a policy weighs cost (a promoted heuristic keeps the candidate's).
+_PRICING: Final = ("cost_unit", "cost_scale", "default_lambda", "default_cost_share", "objective")
 
 
 @dataclass
@@ -93,21 +100,33 @@ def _lines(paths: Sequence[Path]) -> Iterator[bytes]:
 
 def _split(
     paths: Sequence[Path], holdout: float, work: Path
-) -> tuple[Path, Path, int, int, set[tuple[str, float]]]:
+) -> tuple[Path, Path, int, int, set[tuple[str, float]], str]:
     """Write the logged runs to ``work/train.jsonl`` and their most recent ``holdout`` share to
-    ``work/holdout.jsonl``; the two counts, and the objectives the runs were decided at."""
-    n = sum(1 for _ in _lines(paths))
+    ``work/holdout.jsonl``; the two counts, the objectives the runs were decided at, and the order.
+
+    Most recent by when each run started (``metrics.service_started``, which the service writes)
+    when every run says so, else by when it was logged: runs end in the order of their length
+    when many run at once, so the last to finish are the longest, not a fair sample of the recent.
+    """
+    lines = list(_lines(paths))
+    n = len(lines)
     n_hold = math.ceil(holdout * n) if n else 0
-    train, held = work / "train.jsonl", work / "holdout.jsonl"
     objectives: set[tuple[str, float]] = set()
+    started: list[float | None] = []
+    for line in lines:
+        metrics = orjson.loads(line).get("metrics") or {}
+        for key in ("service_lambda", "service_cost_share"):
+            if key in metrics:
+                objectives.add((key, float(metrics[key])))
+        value = metrics.get("service_started")
+        started.append(float(value) if isinstance(value, int | float) else None)
+    by_start = bool(lines) and all(v is not None for v in started)
+    order = sorted(range(n), key=lambda i: (started[i], i)) if by_start else list(range(n))
+    train, held = work / "train.jsonl", work / "holdout.jsonl"
     with train.open("wb") as a, held.open("wb") as b:
-        for i, line in enumerate(_lines(paths)):
-            (a if i < n - n_hold else b).write(line)
-            metrics = orjson.loads(line).get("metrics") or {}
-            for key in ("service_lambda", "service_cost_share"):
-                if key in metrics:
-                    objectives.add((key, float(metrics[key])))
-    return train, held, n - n_hold, n_hold, objectives
+        for rank, i in enumerate(order):
+            (a if rank < n - n_hold else b).write(lines[i])
+    return train, held, n - n_hold, n_hold, objectives, "started" if by_start else "logged"
 
 
 def _objective(args: argparse.Namespace, objectives: set[tuple[str, float]]) -> str:
@@ -159,14 +178,14 @@ def retrain(
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    train, held, n_train, n_hold, objectives = _split(files, args.holdout, work)
+    train, held, n_train, n_hold, objectives, recent = _split(files, args.holdout, work)
     objective = _objective(args, objectives)
     corpus = [Path(p) for p in (args.corpus or [])]
     champion_dir, champion_from = _champion_dir(store, args.champion)
     base: dict[str, Any] = {
         "log_dir": str(log_dir),
         "trained_on": {"logged_runs": n_train, "corpus": [str(p) for p in corpus]},
-        "judged_on": {"runs": n_hold, "holdout": args.holdout},
+        "judged_on": {"runs": n_hold, "holdout": args.holdout, "most_recently": recent},
         "objective": {"lambda": args.lam, "cost_share": args.cost_share, "from": objective},
         "champion": {"path": None if champion_dir is None else str(champion_dir), "from": champion_from},
     }
@@ -212,7 +231,8 @@ def retrain(
         Policy.load(champion_dir, engine=REPLAY_ENGINE) if champion_dir is not None else Policy.safety_only()
     )
     t_eval = time.perf_counter()
-    heuristics = {f"heuristic {n}": h.policy() for n, h in tune_heuristics(train_dp, lam).items()}
+    tuned = {f"heuristic {n}": h for n, h in tune_heuristics(train_dp, lam).items()}
+    heuristics = {name: h.policy() for name, h in tuned.items()}
     # each policy replayed as the service serves it: with the cost weight the runs are decided at
     share = args.cost_share if args.cost_share is not None else DEFAULT_COST_SHARE
     asked = {"lam": lam} if args.lam is not None else {"cost_share": share}
@@ -223,6 +243,7 @@ def retrain(
         lam=lam,
         objective=asked,
         heuristics=heuristics,
+        heuristics_compete=not args.candidate,
         cost_unit=train_dp.cost_unit,
         labels_from_rewards=args.labels_from_rewards,
         group_by=args.group_by,
@@ -246,14 +267,23 @@ def retrain(
         "timings": {"fit_s": fit_s, "evaluate_s": eval_s, "total_s": time.perf_counter() - t0},
     }
     promoted, reason = verdict.promoted, verdict.reason
+    winner_dir, winner = candidate_dir, candidate
+    if verdict.winner is not None and verdict.winner != "candidate":
+        winner_dir = _heuristic_dir(tuned[verdict.winner], candidate, work / "heuristic")
+        winner = Policy.load(winner_dir, engine=REPLAY_ENGINE)
+    if promoted:
+        evidence["promoted_policy"] = {"policy": verdict.winner, "version": winner.model_version}
     result = RetrainResult(promoted, reason, evidence, evaluation=ev)
     if args.dry_run:
         return result
     if promoted:
-        assert candidate.model_version is not None
+        assert winner.model_version is not None
+        # compiled here, at this process's priority, into the cache the service reads: its reload
+        # of the new champion is then a cache hit, not a compiler run beside its decide calls
+        Policy.load(winner_dir)
         result.champion = store.promote(
-            candidate_dir,
-            version=candidate.model_version,
+            winner_dir,
+            version=winner.model_version,
             previous={"version": champion.model_version, "path": champion_dir}
             if champion_dir is not None
             else None,
@@ -263,6 +293,24 @@ def retrain(
         kept = store.keep_candidate(candidate_dir)
         store.log({"kind": "refusal", "candidate": str(kept), "reason": reason, "evidence": evidence})
     return result
+
+
+def _heuristic_dir(heuristic: TunedHeuristic, candidate: Policy, out: Path) -> Path:
+    """A tuned heuristic as a model directory, priced as the candidate was (what the gate judged)."""
+    manifest = dict(candidate.manifest or {})
+    digest = str(manifest.get("training_data", {}).get("sha256", ""))[:8]
+    fields = {k: manifest[k] for k in _PRICING if k in manifest}
+    return save_model_dir(
+        out,
+        {
+            **heuristic.manifest(),
+            **fields,
+            "method": "heuristic",
+            "training_data": manifest.get("training_data", {}),
+            "promoted_by": "stopserve retrain: a tuned heuristic beat the champion and the fitted candidate",
+            "model_version": f"heuristic-{time.strftime('%Y%m%d%H%M%S')}-{digest}",
+        },
+    )
 
 
 def evaluate_logged_runs(
@@ -310,12 +358,17 @@ def evaluate_logged_runs(
 
 @dataclass(frozen=True)
 class Judgement:
-    """The promotion gate's answer, its reason in words and the off-policy figures behind it."""
+    """The promotion gate's answer, its reason in words and the off-policy figures behind it.
+
+    ``winner``: the challenger promoted (``candidate`` or ``heuristic <name>``), None when
+    none is.
+    """
 
     promoted: bool
     reason: str
     evaluation: LoggedEvaluation
     evidence: dict[str, Any]
+    winner: str | None = None
 
 
 def judge(
@@ -326,20 +379,23 @@ def judge(
     lam: float,
     objective: Mapping[str, float],
     heuristics: Mapping[str, Policy] | None = None,
+    heuristics_compete: bool = False,
     cost_unit: str | None = None,
     labels_from_rewards: bool = False,
     group_by: str = "task",
     n_boot: int = 1000,
     seed: int = 0,
 ) -> Judgement:
-    """Judge ``candidate`` against ``champion`` off-policy on the logged runs in ``held``.
+    """Judge ``candidate`` (and, with ``heuristics_compete``, every heuristic) against ``champion``.
 
-    Every policy is replayed through its own ``decide`` with ``objective`` (``lam`` or
-    ``cost_share``, as the service is asked); values are ``q − lam·c``. The candidate is
-    promoted only when both figures are supported and the lower end of the paired 90%
-    interval of (candidate − champion), doubly robust, is above 0.
+    Every policy is replayed off-policy on the logged runs in ``held`` through its own
+    ``decide`` with ``objective`` (``lam`` or ``cost_share``, as the service is asked);
+    values are ``q − lam·c``. A challenger is eligible when its figure and the champion's
+    are supported and the lower end of the paired 90% interval of (challenger − champion),
+    doubly robust, is above 0; of the eligible ones the one with the highest lower end wins.
     """
-    policies: dict[str, Policy] = {"candidate": candidate, "champion": champion, **(heuristics or {})}
+    heuristics = dict(heuristics or {})
+    policies: dict[str, Policy] = {"candidate": candidate, "champion": champion, **heuristics}
     model = candidate if candidate.inference is not None else champion if champion.inference else None
     ev = evaluate_logged_runs(
         policies,
@@ -354,23 +410,36 @@ def judge(
         seed=seed,
     )
     dp = ev.dp
-    diff, (lo, hi) = ev.difference("candidate", "champion", GATE_ESTIMATOR)
-    cand, champ = ev.estimates["candidate"], ev.estimates["champion"]
     n = dp.n_traces
-    if not cand.enough:
+    champ = ev.estimates["champion"]
+    names = ["candidate", *(heuristics if heuristics_compete else ())]
+    diffs = {name: ev.difference(name, "champion", GATE_ESTIMATOR) for name in names}
+    eligible = [
+        name for name in names if champ.enough and ev.estimates[name].enough and diffs[name][1][0] > 0.0
+    ]
+    winner = max(eligible, key=lambda name: diffs[name][1][0]) if eligible else None
+
+    def said(name: str) -> str:
+        diff, (lo, hi) = diffs[name]
+        return f"{name} − champion = {diff:+.4f} per run, 90% interval [{lo:+.4f}, {hi:+.4f}]"
+
+    cand = ev.estimates["candidate"]
+    if winner is not None:
+        reason = f"better on the {n} held-out runs: {said(winner)}"
+        if winner != "candidate":
+            why = "its figure is not supported" if not cand.enough else said("candidate")
+            reason += f" (the fitted candidate: {why}; {winner} is promoted)"
+    elif not cand.enough:
         reason = f"the candidate's figure is not supported: {cand.why}"
     elif not champ.enough:
         reason = f"the champion's figure is not supported: {champ.why}"
-    elif lo <= 0.0:
-        reason = (
-            f"not better on the {n} held-out runs: candidate − champion = {diff:+.4f} per run, "
-            f"90% interval [{lo:+.4f}, {hi:+.4f}]: its lower end is not above 0"
-        )
     else:
-        reason = (
-            f"better on the {n} held-out runs: candidate − champion = {diff:+.4f} per run, 90% interval "
-            f"[{lo:+.4f}, {hi:+.4f}]"
-        )
+        reason = f"not better on the {n} held-out runs: {said('candidate')}: its lower end is not above 0"
+    if winner is None and len(names) > 1:
+        best = max(names[1:], key=lambda name: diffs[name][1][0])
+        reason += f"; no tuned heuristic is better either (the best, {best}: lower end {diffs[best][1][0]:+.4f})"
+    shown = winner or "candidate"
+    diff, (lo, hi) = diffs[shown]
     evidence = {
         "lambda": lam,
         "cost_unit": dp.cost_unit,
@@ -380,9 +449,13 @@ def judge(
             "groups": len(set(dp.group.tolist())),
         },
         "estimates": ev.to_dict()["policies"],
-        "difference": {"estimator": GATE_ESTIMATOR, "mean": diff, "ci90": [lo, hi]},
+        "winner": winner,
+        "difference": {"policy": shown, "estimator": GATE_ESTIMATOR, "mean": diff, "ci90": [lo, hi]},
+        "challengers": {
+            name: {"mean": d, "ci90": list(ci), "enough": ev.estimates[name].enough} for name, (d, ci) in diffs.items()
+        },
     }
-    return Judgement(cand.enough and champ.enough and lo > 0.0, reason, ev, evidence)
+    return Judgement(winner is not None, reason, ev, evidence, winner)
 
 
 def _stores(args: argparse.Namespace) -> tuple[ModelStore, Path]:

@@ -5,6 +5,8 @@ The real app (TestClient runs its lifespan); real tiny models written by the art
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from test_service_app import lines, turn_events
 
 from stopserve.model_store import ModelStore
 from stopserve.service.app import create_app
+from stopserve.service.learning import RETRAIN_NICE, _spawn_idle
 from stopserve.settings import Settings
 from stopserve.trace import read_traces
 
@@ -149,6 +152,9 @@ def test_exploration_goes_on_past_stops_and_logs_every_propensity(
     assert len(decided) == len(logged)
     assert {round(d.propensity, 6) for d in decided} == {0.5, round(2 / 3, 6), round(1 / 3, 6)}
     assert "stopserve_explored_decisions_total" in explored_metric
+    # each run says when it started (wall clock), in the order the runs were started
+    started = [t.metrics["service_started"] for t in traces]
+    assert started == sorted(started) and abs(started[0] - time.time()) < 600
 
 
 def test_explore_keeps_its_former_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,3 +207,19 @@ def test_the_service_follows_promotions_and_rollbacks(tmp_path: Path, models: di
         assert _served(c) == "tiny-stop"
     kinds = [r["kind"] for r in store.history()]
     assert kinds == ["promotion", "rollback", "promotion"]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_background_retrain_starts_idle_and_leaves_the_service_as_it_was(tmp_path: Path) -> None:
+    """The retrain's interpreter start-up and imports must not compete with decide calls either."""
+    out = (tmp_path / "out").open("wb")
+    probe = "import os; print(os.sched_getscheduler(0) == os.SCHED_IDLE, os.nice(0))"
+    before = os.sched_getscheduler(0), os.nice(0)
+    proc = _spawn_idle([sys.executable, "-c", probe], out)
+    assert proc.wait(60) == 0
+    out.close()
+    assert (tmp_path / "out").read_text().split() == ["True", str(before[1] + RETRAIN_NICE)]
+    # only the throwaway thread that forked it was lowered: this process decides at its own priority
+    assert (os.sched_getscheduler(0), os.nice(0)) == before
+    for task in Path("/proc/self/task").iterdir():  # and so does every thread it still has
+        assert os.sched_getscheduler(int(task.name)) != os.SCHED_IDLE

@@ -27,6 +27,7 @@ from stopserve.cli import main as cli
 from stopserve.model_store import ModelStore
 from stopserve.policy import Policy
 from stopserve.training.heuristics import HeuristicRule, TunedHeuristic
+from stopserve.training.retrain import _heuristic_dir, _split, judge
 from stopserve.training.simulate import simulate
 
 EPS, RHO = 0.2, 0.6
@@ -202,3 +203,75 @@ def test_a_niced_retrain_runs_on_idle_cpu_only(tmp_path: Path) -> None:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     idle, niceness, _ = out.stdout.split()
     assert idle == "True" and int(niceness) >= 3, out.stderr[-2000:]
+
+
+def _held(deployment: dict[str, Any], tmp_path: Path) -> Path:
+    lines = (deployment["logs"] / "traces.jsonl").read_text().splitlines()
+    held = tmp_path / "held.jsonl"
+    held.write_text("\n".join(lines[N_RUNS - math.ceil(HOLDOUT * N_RUNS) :]) + "\n")
+    return held
+
+
+def test_a_tuned_heuristic_that_beats_champion_and_candidate_is_the_one_promoted(
+    deployment: dict[str, Any], tmp_path: Path
+) -> None:
+    """The gate judges the tuned heuristics too: a champion below the best of them is replaced."""
+    held = _held(deployment, tmp_path)
+    champion = Policy.load(deployment["champion"])
+    candidate = Policy.load(rule_dir(tmp_path / "late", "rule-0.9", 0.9))  # goes on: worse at λ 1
+    early = Policy.load(deployment["candidate"])  # stops at 0.2: better at λ 1
+    rules = {"heuristic early": early, "heuristic late": Policy.load(rule_dir(tmp_path / "l2", "r", 0.95))}
+    truth = {
+        name: _truth(path, deployment["held"], 1.0)
+        for name, path in (("champion", deployment["champion"]), ("early", deployment["candidate"]))
+    }
+    assert truth["early"] - truth["champion"] > 0.1
+    kw: dict[str, Any] = {"lam": 1.0, "objective": {"lam": 1.0}, "n_boot": 300, "cost_unit": "ktokens"}
+    got = judge(candidate, champion, held, heuristics=rules, heuristics_compete=True, **kw)
+    assert got.promoted and got.winner == "heuristic early", got.reason
+    lo, hi = got.evidence["difference"]["ci90"]
+    assert got.evidence["difference"]["policy"] == "heuristic early"
+    assert 0 < lo <= truth["early"] - truth["champion"] <= hi
+    assert "heuristic early − champion" in got.reason and "(the fitted candidate: its figure is not supported" in got.reason
+    assert set(got.evidence["challengers"]) == {"candidate", "heuristic early", "heuristic late"}
+    # shown but not promoted when only the candidate may be (``--candidate``: judge this model)
+    shown = judge(candidate, champion, held, heuristics=rules, **kw)
+    assert not shown.promoted and shown.winner is None
+    assert "no tuned heuristic is better either" not in shown.reason
+    assert set(shown.evidence["estimates"]) >= {"heuristic early", "heuristic late"}
+    # none better: said, with the best heuristic's bound
+    worse = judge(candidate, champion, held, heuristics={"heuristic late": rules["heuristic late"]},
+                  heuristics_compete=True, **kw)
+    assert not worse.promoted and "no tuned heuristic is better either (the best, heuristic late" in worse.reason
+
+
+def test_a_promoted_heuristic_is_served_as_it_was_judged(deployment: dict[str, Any], tmp_path: Path) -> None:
+    """The model directory written for a winning heuristic decides as the policy the gate replayed."""
+    rule = TunedHeuristic("h", HeuristicRule(loop=True, reward_threshold=0.3), math.nan, "ktokens", 1.0)
+    candidate = Policy.load(rule_dir(tmp_path / "cand", "rule-0.2", 0.2))
+    written = Policy.load(_heuristic_dir(rule, candidate, tmp_path / "heuristic"))
+    assert written.kind == "heuristic" and str(written.model_version).startswith("heuristic-")
+    judged = rule.policy()
+    values = [(true_value(written, t, lam=1.0), true_value(judged, t, lam=1.0)) for t in deployment["held"]]
+    assert all(a == b for a, b in values) and len({a for a, _ in values}) > 10
+
+
+def test_the_runs_judged_on_are_the_most_recently_started_not_the_last_to_finish(tmp_path: Path) -> None:
+    """In a burst the last runs to finish are the longest: the held-out share is taken by start."""
+    log = tmp_path / "traces.jsonl"
+    # logged (finished) in this order; started in the reverse order but for the first two
+    started = [5.0, 6.0, 4.0, 3.0, 2.0, 1.0]
+    log.write_text(
+        "".join(json.dumps({"trace_id": f"r{i}", "metrics": {"service_started": s}}) + "\n" for i, s in enumerate(started))
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    train, held, n_train, n_hold, _, order = _split([log], 0.34, work)
+    ids = lambda path: [json.loads(line)["trace_id"] for line in path.read_text().splitlines()]  # noqa: E731
+    assert (n_train, n_hold, order) == (3, 3, "started")
+    assert ids(held) == ["r2", "r0", "r1"] and ids(train) == ["r5", "r4", "r3"]
+    # older logs (no start time on some run): by when they were logged, as before
+    with log.open("a") as fh:
+        fh.write(json.dumps({"trace_id": "old"}) + "\n")
+    train, held, _, _, _, order = _split([log], 0.3, work)
+    assert order == "logged" and ids(held) == ["r4", "r5", "old"]

@@ -61,7 +61,11 @@ def _spawn_idle(cmd: list[str], out: IO[bytes]) -> subprocess.Popen[bytes]:
         try:
             made.append(
                 subprocess.Popen(
-                    cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
             )
         except OSError as exc:

@@ -55,6 +55,7 @@ __all__ = [
     "MIN_WEIGHTED",
     "Estimate",
     "LoggedEvaluation",
+    "RunValues",
     "continue_propensity",
     "evaluate_logged",
     "per_run_values",
@@ -250,6 +251,12 @@ class LoggedEvaluation:
         diff = getattr(self.runs[a], estimator) - getattr(self.runs[b], estimator)
         draws = _boot(diff[None, :], self.groups, self.n_boot, self.seed)[0]
         return float(diff.mean()), _interval(draws)
+
+    def dominates(self, a: str, b: str, estimator: Estimator = "dr") -> bool:
+        """``a`` does at least as well as ``b`` on every run and better on some (then a lower end of
+        0 is no doubt: no resampling of these runs can make ``a`` worse)."""
+        diff = getattr(self.runs[a], estimator) - getattr(self.runs[b], estimator)
+        return bool(diff.size) and bool(np.all(diff >= -1e-12)) and float(diff.mean()) > 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data: every estimate."""

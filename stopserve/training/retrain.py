@@ -13,8 +13,9 @@ recently *started*, as the service logs when each run started), and:
    judged through the explored runs, with its support counted);
 3. promotes a challenger -- the candidate, or a tuned heuristic that beats it (not with
    ``--candidate``: then only that model) -- only when the lower end of the paired 90%
-   interval of (challenger − champion), doubly robust, is above 0 and both figures are
-   supported; of several, the highest lower end. Otherwise says why, with the numbers.
+   interval of (challenger − champion), doubly robust, is above 0 (or it is never worse on
+   any held-out run and better on some) and both figures are supported; the candidate
+   before a heuristic unless the heuristic is better than it too. Otherwise says why.
    Either way one line goes to the promotions log
    (:class:`stopserve.model_store.ModelStore`) with the evidence.
 
@@ -392,7 +393,9 @@ def judge(
     ``decide`` with ``objective`` (``lam`` or ``cost_share``, as the service is asked);
     values are ``q − lam·c``. A challenger is eligible when its figure and the champion's
     are supported and the lower end of the paired 90% interval of (challenger − champion),
-    doubly robust, is above 0; of the eligible ones the one with the highest lower end wins.
+    doubly robust, is above 0 -- or it is never worse on any run and better on some. The
+    candidate wins when eligible, unless a heuristic is eligible and better than it (the lower
+    end of their paired difference above 0); else the eligible one with the highest mean.
     """
     heuristics = dict(heuristics or {})
     policies: dict[str, Policy] = {"candidate": candidate, "champion": champion, **heuristics}
@@ -414,10 +417,17 @@ def judge(
     champ = ev.estimates["champion"]
     names = ["candidate", *(heuristics if heuristics_compete else ())]
     diffs = {name: ev.difference(name, "champion", GATE_ESTIMATOR) for name in names}
-    eligible = [
-        name for name in names if champ.enough and ev.estimates[name].enough and diffs[name][1][0] > 0.0
-    ]
-    winner = max(eligible, key=lambda name: diffs[name][1][0]) if eligible else None
+    better = {
+        name: diffs[name][1][0] > 0.0 or ev.dominates(name, "champion", GATE_ESTIMATOR) for name in names
+    }
+    eligible = [name for name in names if champ.enough and ev.estimates[name].enough and better[name]]
+    # the candidate is the trainer's choice (its guard already weighed it against the heuristics on
+    # the training runs): a heuristic replaces it only when the held-out runs say it is better
+    rivals = [name for name in eligible if name != "candidate"]
+    if "candidate" in eligible:
+        rivals = [name for name in rivals if ev.difference(name, "candidate", GATE_ESTIMATOR)[1][0] > 0.0]
+        eligible = rivals or ["candidate"]
+    winner = max(eligible, key=lambda name: diffs[name][0]) if eligible else None
 
     def said(name: str) -> str:
         diff, (lo, hi) = diffs[name]
@@ -426,6 +436,8 @@ def judge(
     cand = ev.estimates["candidate"]
     if winner is not None:
         reason = f"better on the {n} held-out runs: {said(winner)}"
+        if diffs[winner][1][0] <= 0.0:
+            reason += " (never worse on any of them)"
         if winner != "candidate":
             why = "its figure is not supported" if not cand.enough else said("candidate")
             reason += f" (the fitted candidate: {why}; {winner} is promoted)"
@@ -437,7 +449,9 @@ def judge(
         reason = f"not better on the {n} held-out runs: {said('candidate')}: its lower end is not above 0"
     if winner is None and len(names) > 1:
         best = max(names[1:], key=lambda name: diffs[name][1][0])
-        reason += f"; no tuned heuristic is better either (the best, {best}: lower end {diffs[best][1][0]:+.4f})"
+        reason += (
+            f"; no tuned heuristic is better either (the best, {best}: lower end {diffs[best][1][0]:+.4f})"
+        )
     shown = winner or "candidate"
     diff, (lo, hi) = diffs[shown]
     evidence = {
@@ -452,7 +466,8 @@ def judge(
         "winner": winner,
         "difference": {"policy": shown, "estimator": GATE_ESTIMATOR, "mean": diff, "ci90": [lo, hi]},
         "challengers": {
-            name: {"mean": d, "ci90": list(ci), "enough": ev.estimates[name].enough} for name, (d, ci) in diffs.items()
+            name: {"mean": d, "ci90": list(ci), "enough": ev.estimates[name].enough}
+            for name, (d, ci) in diffs.items()
         },
     }
     return Judgement(winner is not None, reason, ev, evidence, winner)

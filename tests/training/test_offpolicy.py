@@ -27,6 +27,8 @@ from stopserve.training.offpolicy import (
     MAX_UNSUPPORTED,
     MIN_RUNS,
     MIN_WEIGHTED,
+    LoggedEvaluation,
+    RunValues,
     continue_propensity,
     evaluate_logged,
     per_run_values,
@@ -170,3 +172,29 @@ def test_a_paired_difference_reads_both_policies_on_the_same_runs(twins: list[di
 def test_when_too_few_runs_support_a_figure(counts: tuple[int, int, int, int, int], says: str | None) -> None:
     why = support_verdict(*counts)
     assert (why is None) if says is None else (why is not None and says in why)
+
+
+def test_dominance_is_every_run_at_least_as_good_and_one_better() -> None:
+    """A lower end of exactly 0 on few differing runs: the gate may still promote a policy that
+    is never worse on any run (no resampling can make it worse), and only that one."""
+
+    def runs(values: list[float]) -> RunValues:
+        v = np.asarray(values)
+        return RunValues(ips=v, dr=v, weight=np.ones(v.size), support=np.full(v.size, "exact"))
+
+    base = [0.2] * 60
+    better_on_two = [*base[:58], 0.5, 0.6]
+    ev = LoggedEvaluation(
+        dp=None,  # type: ignore[arg-type]  # dominance reads the per-run figures only
+        lam=0.1,
+        groups=np.asarray([f"g{i}" for i in range(60)]),
+        runs={
+            "champion": runs(base),
+            "a": runs(better_on_two),
+            "b": runs([*better_on_two[:-3], 0.19, 0.5, 0.6]),  # better on two, worse on one
+            "same": runs(base),
+        },
+    )
+    assert ev.difference("a", "champion")[1][0] == 0.0  # the interval cannot tell
+    assert ev.dominates("a", "champion")
+    assert not ev.dominates("b", "champion") and not ev.dominates("same", "champion")

@@ -232,7 +232,10 @@ def test_a_tuned_heuristic_that_beats_champion_and_candidate_is_the_one_promoted
     lo, hi = got.evidence["difference"]["ci90"]
     assert got.evidence["difference"]["policy"] == "heuristic early"
     assert 0 < lo <= truth["early"] - truth["champion"] <= hi
-    assert "heuristic early − champion" in got.reason and "(the fitted candidate: its figure is not supported" in got.reason
+    assert (
+        "heuristic early − champion" in got.reason
+        and "(the fitted candidate: its figure is not supported" in got.reason
+    )
     assert set(got.evidence["challengers"]) == {"candidate", "heuristic early", "heuristic late"}
     # shown but not promoted when only the candidate may be (``--candidate``: judge this model)
     shown = judge(candidate, champion, held, heuristics=rules, **kw)
@@ -240,9 +243,17 @@ def test_a_tuned_heuristic_that_beats_champion_and_candidate_is_the_one_promoted
     assert "no tuned heuristic is better either" not in shown.reason
     assert set(shown.evidence["estimates"]) >= {"heuristic early", "heuristic late"}
     # none better: said, with the best heuristic's bound
-    worse = judge(candidate, champion, held, heuristics={"heuristic late": rules["heuristic late"]},
-                  heuristics_compete=True, **kw)
-    assert not worse.promoted and "no tuned heuristic is better either (the best, heuristic late" in worse.reason
+    worse = judge(
+        candidate,
+        champion,
+        held,
+        heuristics={"heuristic late": rules["heuristic late"]},
+        heuristics_compete=True,
+        **kw,
+    )
+    assert (
+        not worse.promoted and "no tuned heuristic is better either (the best, heuristic late" in worse.reason
+    )
 
 
 def test_a_promoted_heuristic_is_served_as_it_was_judged(deployment: dict[str, Any], tmp_path: Path) -> None:
@@ -262,7 +273,10 @@ def test_the_runs_judged_on_are_the_most_recently_started_not_the_last_to_finish
     # logged (finished) in this order; started in the reverse order but for the first two
     started = [5.0, 6.0, 4.0, 3.0, 2.0, 1.0]
     log.write_text(
-        "".join(json.dumps({"trace_id": f"r{i}", "metrics": {"service_started": s}}) + "\n" for i, s in enumerate(started))
+        "".join(
+            json.dumps({"trace_id": f"r{i}", "metrics": {"service_started": s}}) + "\n"
+            for i, s in enumerate(started)
+        )
     )
     work = tmp_path / "work"
     work.mkdir()

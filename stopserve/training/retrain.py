@@ -300,7 +300,7 @@ def _heuristic_dir(heuristic: TunedHeuristic, candidate: Policy, out: Path) -> P
     """A tuned heuristic as a model directory, priced as the candidate was (what the gate judged)."""
     manifest = dict(candidate.manifest or {})
     digest = str(manifest.get("training_data", {}).get("sha256", ""))[:8]
-    fields = {k: manifest[k] for k in _PRICING if k in manifest}
+    fields: dict[str, Any] = {k: manifest[k] for k in _PRICING if k in manifest}
     return save_model_dir(
         out,
         {

@@ -5,6 +5,7 @@ The real app (TestClient runs its lifespan); real tiny models written by the art
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -213,13 +214,21 @@ def test_the_service_follows_promotions_and_rollbacks(tmp_path: Path, models: di
 def test_the_background_retrain_starts_idle_and_leaves_the_service_as_it_was(tmp_path: Path) -> None:
     """The retrain's interpreter start-up and imports must not compete with decide calls either."""
     out = (tmp_path / "out").open("wb")
-    probe = "import os; print(os.sched_getscheduler(0) == os.SCHED_IDLE, os.nice(0))"
-    before = os.sched_getscheduler(0), os.nice(0)
+    probe = (
+        "import json, os; print(json.dumps([os.sched_getscheduler(0) == os.SCHED_IDLE, os.nice(0), "
+        "sorted(os.sched_getaffinity(0)), os.environ.get('OMP_NUM_THREADS')]))"
+    )
+    before = os.sched_getscheduler(0), os.nice(0), os.sched_getaffinity(0)
     proc = _spawn_idle([sys.executable, "-c", probe], out)
     assert proc.wait(60) == 0
     out.close()
-    assert (tmp_path / "out").read_text().split() == ["True", str(before[1] + RETRAIN_NICE)]
+    idle, nice, cores, threads = json.loads((tmp_path / "out").read_text())
+    assert idle is True and nice == before[1] + RETRAIN_NICE
+    mine = sorted(before[2])
+    if len(mine) > 1:  # one core is left to the service, and thread pools are sized to the rest
+        assert cores == mine[1:]
+        assert threads == os.environ.get("OMP_NUM_THREADS", str(len(mine) - 1))
     # only the throwaway thread that forked it was lowered: this process decides at its own priority
-    assert (os.sched_getscheduler(0), os.nice(0)) == before
+    assert (os.sched_getscheduler(0), os.nice(0), os.sched_getaffinity(0)) == before
     for task in Path("/proc/self/task").iterdir():  # and so does every thread it still has
         assert os.sched_getscheduler(int(task.name)) != os.SCHED_IDLE

@@ -143,6 +143,9 @@ def test_round_robin_over_three_replicas_decides_like_one_process(
     written = [t for k in range(3) for t in rows(base / f"r{k}" / "traces.jsonl") if t["trace_id"] == run_id]
     expected = [t for t in rows(base / "alone" / "traces.jsonl") if t["trace_id"] == run_id]
     assert len(written) == 1 and len(expected) == 1
+    # when the run started: the wall clock of whichever process saw its first call
+    started = [t["metrics"].pop("service_started") for t in (written[0], expected[0])]
+    assert abs(started[0] - started[1]) < 120
     assert written[0] == expected[0]
 
 

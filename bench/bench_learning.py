@@ -51,6 +51,7 @@ from stopserve.policy import Policy
 from stopserve.trace import Trace, is_decision_point
 from stopserve.training.deploy import drive, end_value, prefix_values, run_cost
 from stopserve.training.replay import REPLAY_ENGINE
+from stopserve.training.retrain import recency_order
 from stopserve.training.simulate import SIM_TOPOLOGIES, simulate
 
 DEFAULT_MODEL = ROOT / "models" / "default"
@@ -308,10 +309,8 @@ def _judge_retrain(
     candidate = Policy.load(candidate_dir, engine=REPLAY_ENGINE)
     logged = _logged(logs)
     n_hold = int(evidence["judged_on"]["runs"])
-    # the retrain's held-out runs: the most recently started (as it orders them)
-    if all("service_started" in (t.get("metrics") or {}) for t in logged):
-        logged = sorted(logged, key=lambda t: float(t["metrics"]["service_started"]))
-    held = [twins[t["trace_id"]] for t in logged[len(logged) - n_hold :]]
+    order, _ = recency_order([t.get("metrics") or {} for t in logged])  # as the retrain split them
+    held = [twins[logged[i]["trace_id"]] for i in order[len(order) - n_hold :]]
     truth = {
         "candidate": float(true_values(candidate, held, lam).mean()),
         "champion": float(true_values(champion, held, lam).mean()),

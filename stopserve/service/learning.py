@@ -21,6 +21,7 @@ import shlex
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -66,15 +67,13 @@ def _spawn_idle(cmd: list[str], out: IO[bytes]) -> subprocess.Popen[bytes]:
     and imports then never compete with a decide call, as the retrain's own ``--nice`` alone
     (applied once it has started) would let them.
     """
-    made: list[subprocess.Popen[bytes]] = []
-    failed: list[OSError] = []
     env = dict(os.environ)
     cores = _retrain_cores()
     if cores is not None:
         for name in _THREAD_POOLS:
             env.setdefault(name, str(len(cores)))
 
-    def spawn() -> None:
+    def spawn() -> subprocess.Popen[bytes]:
         try:
             if hasattr(os, "SCHED_IDLE"):
                 os.setpriority(os.PRIO_PROCESS, 0, RETRAIN_NICE)  # 0: this thread, on Linux
@@ -83,26 +82,18 @@ def _spawn_idle(cmd: list[str], out: IO[bytes]) -> subprocess.Popen[bytes]:
                 os.sched_setaffinity(0, cores)  # this thread too: the child inherits it
         except OSError as exc:  # not allowed here: the retrain's --nice still applies
             _log.debug("could not lower the retrain thread's priority: %s", exc)
-        try:
-            made.append(
-                subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env=env,
-                )
-            )
-        except OSError as exc:
-            failed.append(exc)
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
 
-    thread = threading.Thread(target=spawn, name="stopserve-retrain-spawn", daemon=True)
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
-    return made[0]
+    # a pool of one thread, made and ended here: the lowered priority ends with it
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stopserve-retrain-spawn") as pool:
+        return pool.submit(spawn).result()
 
 
 class LearningLoop:

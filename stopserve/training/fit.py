@@ -86,6 +86,7 @@ __all__ = [
     "TraceSource",
     "Trainer",
     "learner_from_args",
+    "model_version",
     "print_summary",
     "train_command",
 ]
@@ -560,7 +561,7 @@ class PolicyLearner:
                 "notes": st.notes,
             }
         )
-        manifest["model_version"] = _version(manifest)
+        manifest["model_version"] = model_version(manifest)
         self.dp_ = st.dp
         self.manifest_ = manifest
         self.models_ = models
@@ -1109,7 +1110,8 @@ def _summary(r: Any) -> dict[str, float]:
     return {"value": r.mean_value, "success": float(r.q.mean()), "cost": float(r.c.mean())}
 
 
-def _version(manifest: Mapping[str, Any]) -> str:
+def model_version(manifest: Mapping[str, Any]) -> str:
+    """A model directory's version: its kind and method, when it was made, its training data's digest."""
     digest = str(manifest.get("training_data", {}).get("sha256", ""))[:8]
     kind, method = manifest.get("kind"), manifest.get("method")
     name = kind if method in (None, kind) else f"{kind}-{method}"  # a heuristic is named once

@@ -48,7 +48,7 @@ from stopserve.policy import Policy
 from stopserve.service.log import log_files
 from stopserve.settings import default_model_dir, load_settings
 from stopserve.training.backend import TraceSource
-from stopserve.training.fit import DEFAULT_COST_SHARE, PolicyLearner, learner_from_args
+from stopserve.training.fit import DEFAULT_COST_SHARE, PolicyLearner, learner_from_args, model_version
 from stopserve.training.heuristics import TunedHeuristic, tune_heuristics
 from stopserve.training.labels import build_decision_points
 from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged, logged_traces_ok
@@ -61,6 +61,7 @@ __all__ = [
     "judge",
     "logged_command",
     "logged_runs",
+    "recency_order",
     "retrain",
     "retrain_command",
     "rollback_command",
@@ -113,21 +114,29 @@ def _split(
     n = len(lines)
     n_hold = math.ceil(holdout * n) if n else 0
     objectives: set[tuple[str, float]] = set()
-    started: list[float | None] = []
-    for line in lines:
-        metrics = orjson.loads(line).get("metrics") or {}
+    metrics = [orjson.loads(line).get("metrics") or {} for line in lines]
+    for m in metrics:
         for key in ("service_lambda", "service_cost_share"):
-            if key in metrics:
-                objectives.add((key, float(metrics[key])))
-        value = metrics.get("service_started")
-        started.append(float(value) if isinstance(value, int | float) else None)
-    by_start = bool(lines) and all(v is not None for v in started)
-    order = sorted(range(n), key=lambda i: (started[i], i)) if by_start else list(range(n))
+            if key in m:
+                objectives.add((key, float(m[key])))
+    order, by = recency_order(metrics)
     train, held = work / "train.jsonl", work / "holdout.jsonl"
     with train.open("wb") as a, held.open("wb") as b:
         for rank, i in enumerate(order):
             (a if rank < n - n_hold else b).write(lines[i])
-    return train, held, n - n_hold, n_hold, objectives, "started" if by_start else "logged"
+    return train, held, n - n_hold, n_hold, objectives, by
+
+
+def recency_order(metrics: Sequence[Mapping[str, Any]]) -> tuple[list[int], str]:
+    """The logged runs (their ``metrics``, in log order) from oldest to most recent, and by what.
+
+    By when each run started (``service_started``) when every run says so (``"started"``), else
+    by when it was logged (``"logged"``). The last ``holdout`` share of this order is judged on.
+    """
+    started = [v for m in metrics if isinstance(v := m.get("service_started"), int | float)]
+    if not metrics or len(started) < len(metrics):
+        return list(range(len(metrics))), "logged"
+    return sorted(range(len(metrics)), key=lambda i: (float(started[i]), i)), "started"
 
 
 def _objective(args: argparse.Namespace, objectives: set[tuple[str, float]]) -> str:
@@ -298,20 +307,15 @@ def retrain(
 
 def _heuristic_dir(heuristic: TunedHeuristic, candidate: Policy, out: Path) -> Path:
     """A tuned heuristic as a model directory, priced as the candidate was (what the gate judged)."""
-    manifest = dict(candidate.manifest or {})
-    digest = str(manifest.get("training_data", {}).get("sha256", ""))[:8]
-    fields: dict[str, Any] = {k: manifest[k] for k in _PRICING if k in manifest}
-    return save_model_dir(
-        out,
-        {
-            **heuristic.manifest(),
-            **fields,
-            "method": "heuristic",
-            "training_data": manifest.get("training_data", {}),
-            "promoted_by": "stopserve retrain: a tuned heuristic beat the champion and the fitted candidate",
-            "model_version": f"heuristic-{time.strftime('%Y%m%d%H%M%S')}-{digest}",
-        },
-    )
+    priced = dict(candidate.manifest or {})
+    manifest: dict[str, Any] = {
+        **heuristic.manifest(),
+        **{k: priced[k] for k in _PRICING if k in priced},
+        "method": "heuristic",
+        "training_data": priced.get("training_data", {}),
+        "promoted_by": "stopserve retrain: a tuned heuristic beat the champion and the fitted candidate",
+    }
+    return save_model_dir(out, {**manifest, "model_version": model_version(manifest)})
 
 
 def evaluate_logged_runs(
@@ -365,11 +369,15 @@ class Judgement:
     none is.
     """
 
-    promoted: bool
     reason: str
     evaluation: LoggedEvaluation
     evidence: dict[str, Any]
     winner: str | None = None
+
+    @property
+    def promoted(self) -> bool:
+        """A challenger is promoted."""
+        return self.winner is not None
 
 
 def judge(
@@ -423,9 +431,12 @@ def judge(
     eligible = [name for name in names if champ.enough and ev.estimates[name].enough and better[name]]
     # the candidate is the trainer's choice (its guard already weighed it against the heuristics on
     # the training runs): a heuristic replaces it only when the held-out runs say it is better
-    rivals = [name for name in eligible if name != "candidate"]
     if "candidate" in eligible:
-        rivals = [name for name in rivals if ev.difference(name, "candidate", GATE_ESTIMATOR)[1][0] > 0.0]
+        rivals = [
+            n
+            for n in eligible
+            if n != "candidate" and ev.difference(n, "candidate", GATE_ESTIMATOR)[1][0] > 0
+        ]
         eligible = rivals or ["candidate"]
     winner = max(eligible, key=lambda name: diffs[name][0]) if eligible else None
 
@@ -470,7 +481,7 @@ def judge(
             for name, (d, ci) in diffs.items()
         },
     }
-    return Judgement(winner is not None, reason, ev, evidence, winner)
+    return Judgement(reason, ev, evidence, winner)
 
 
 def _stores(args: argparse.Namespace) -> tuple[ModelStore, Path]:

@@ -5,7 +5,8 @@ default ``<log_dir>/models``)::
 
     champion.json       the champion: its version and directory, and the champions before it
     versions/<version>/ every promoted model (a model directory, checked by sha256 when loaded)
-    candidate/          the last candidate refused (kept to look at)
+    candidate/          the last candidate refused, until a promotion (with exploration on, the
+                        service runs it as a shadow challenger and explores where it would go on)
     promotions.jsonl    one line per retrain, promoted or refused, and per rollback, with the evidence
     retrain.lock        held by a running retrain: one at a time, across replicas sharing the store
 
@@ -39,6 +40,7 @@ __all__ = ["Champion", "ModelStore", "RetrainBusyError"]
 
 CHAMPION_FILE: Final = "champion.json"
 PROMOTIONS_FILE: Final = "promotions.jsonl"
+CANDIDATE_DIR: Final = "candidate"
 
 
 class RetrainBusyError(ConfigError):
@@ -123,12 +125,27 @@ class ModelStore:
         entry: dict[str, Any] = {"version": version, "path": rel, "at": now}
         champion = Champion(version, dest, [*history, entry])
         self._write_pointer(champion, rel)
+        # a candidate refused against the champion before is stale: it no longer decides in the shadow
+        shutil.rmtree(self.candidate_dir, ignore_errors=True)
         self.log({"kind": "promotion", "version": version, "path": str(dest), "evidence": dict(evidence)})
         return champion
 
+    @property
+    def candidate_dir(self) -> Path:
+        """Where the last refused candidate is kept (until a promotion)."""
+        return self.root / CANDIDATE_DIR
+
+    def candidate_signature(self) -> tuple[int, int] | None:
+        """A cheap fingerprint of the kept candidate (changes when it is replaced); None: none kept."""
+        try:
+            st = (self.candidate_dir / "manifest.json").stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_ino
+
     def keep_candidate(self, model_dir: str | os.PathLike[str]) -> Path:
-        """Keep a refused candidate as ``candidate/`` (the last one only)."""
-        dest = self.root / "candidate"
+        """Keep a refused candidate as ``candidate/`` (the last one only, until a promotion)."""
+        dest = self.candidate_dir
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".candidate.", dir=self.root))
         shutil.copytree(model_dir, tmp / "model")

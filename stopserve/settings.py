@@ -108,6 +108,15 @@ class Settings(BaseSettings):
             "probability 1 - 1/steps): enough of the run after a stop to judge later stops; 1: one stop."
         ),
     )
+    explore_disagree: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description=(
+            "With exploration on: the probability that a stop is explored where a shadow challenger (the "
+            "last refused candidate, or one you added) would go on: the runs a retrain needs to judge it."
+        ),
+    )
     seed: int | None = Field(default=None, description="Seed of the exploration random stream.")
     challengers: Path | None = Field(
         default=None,
@@ -214,9 +223,11 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def exploration(self) -> tuple[float, float]:
-        """(ε, ρ): the probability that a run's stop is explored, and that a later one is once it was."""
-        return self.explore, (1.0 - 1.0 / self.explore_steps) if self.explore > 0 else 0.0
+    def exploration(self) -> tuple[float, float, float]:
+        """(ε, ε where a challenger would go on, ρ): a run's first stop explored, and a later one."""
+        if self.explore <= 0:
+            return 0.0, 0.0, 0.0
+        return self.explore, max(self.explore, self.explore_disagree), 1.0 - 1.0 / self.explore_steps
 
     def resolved_model_store(self) -> Path | None:
         """The model store: the configured one, else ``<log_dir>/models``, else None."""

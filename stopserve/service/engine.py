@@ -72,7 +72,7 @@ from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.service.learning import LearningLoop
 from stopserve.service.log import DecisionLog
 from stopserve.service.metrics import Metrics
-from stopserve.service.shadow import Challengers, ShadowCall, challenger_dirs
+from stopserve.service.shadow import Challenger, Challengers, ShadowCall, challenger_dirs
 from stopserve.service.store import (
     Closed,
     Evicted,
@@ -106,6 +106,9 @@ CREDIT_ABLATION_LAST_K: Final = 10
 #: Bounds of a safety config sent in a request (beyond them: 422 naming the field).
 _SAFETY_DEPTH: Final = 8
 _SAFETY_ITEMS: Final = 64
+
+#: The challenger name of the model store's last refused candidate.
+STORE_CANDIDATE: Final = "candidate"
 
 _T = TypeVar("_T")
 
@@ -192,10 +195,12 @@ class Engine:
         if s.challengers is not None:
             for where in challenger_dirs(s.challengers):
                 self.add_challenger(str(where), where.name)
+        self.follow_candidate()
 
     def tick(self) -> None:
         """Periodic work: expire idle runs, fsync the logs on the interval, follow the champion."""
         self.follow_champion()
+        self.follow_candidate()
         try:
             self.store.sweep()
         except StoreUnavailableError as exc:  # the next call says so to its client; the logs go on
@@ -270,6 +275,21 @@ class Engine:
             return None
         self.metrics.champion_reloads.inc()
         return done
+
+    def follow_candidate(self) -> None:
+        """With exploration on, shadow the model store's last refused candidate (challenger ``candidate``)."""
+        changed, path = self.learning.candidate_changed()
+        if not changed:
+            return
+        if path is None:
+            if any(c.name == STORE_CANDIDATE for c in self.challengers):
+                self.challengers.remove(STORE_CANDIDATE)
+                _log.info("challenger %s removed: a promotion replaced it", STORE_CANDIDATE)
+            return
+        try:
+            self.add_challenger(str(path), STORE_CANDIDATE)
+        except StopServeError as exc:  # a candidate half replaced, or broken: the next one is tried
+            _log.warning("the model store's refused candidate %s cannot be shadowed: %s", path, exc)
 
     def reload(self, model_dir: str | None, *, following: bool = False) -> ReloadResponse:
         """Load a model and swap it in; on any failure the old one keeps serving.
@@ -393,12 +413,13 @@ class Engine:
         if safety is not None:
             run.safety = safety
         policy = self.serving.policy
-        epsilon = self._epsilon(run.explored)
+        theirs = self._challenged(run.state, run.lam, run.cost_share, run.safety, req.proposed_stop)
+        epsilon = self._epsilon(run.explored, theirs)
         decision = self._decide(
             policy, run.state, run.lam, run.cost_share, run.safety, req.proposed_stop, epsilon
         )
         run.explored = run.explored or decision.explored
-        shadow = self._shadow(run, decision, req.proposed_stop) if self.challengers else []
+        shadow = self._shadow(run, decision, theirs, run.state)
         fields = _decision_fields(decision)
         answer = {"run_id": run_id, **fields, "events_accepted": len(new), "events_ignored": ignored}
         record = {
@@ -455,14 +476,17 @@ class Engine:
         state.fold_many(req.events)
         safety = self._request_safety(req, None)
         lam = req.lam
+        theirs = self._challenged(state, lam, req.cost_share, safety, req.proposed_stop)
         decision = self._decide(
-            self.serving.policy, state, lam, req.cost_share, safety, req.proposed_stop, self._epsilon(False)
+            self.serving.policy,
+            state,
+            lam,
+            req.cost_share,
+            safety,
+            req.proposed_stop,
+            self._epsilon(False, theirs),
         )
-        shadow = (
-            self._shadow(None, decision, req.proposed_stop, state, lam, req.cost_share, safety)
-            if self.challengers
-            else []
-        )
+        shadow = self._shadow(None, decision, theirs, state)
         fields = _decision_fields(decision)
         answer = {"run_id": req.run_id, **fields, "events_accepted": len(req.events), "events_ignored": 0}
         record = {
@@ -552,29 +576,44 @@ class Engine:
                 rng=self._rng,
             )
 
-    def _epsilon(self, explored: bool) -> float:
-        """The exploration probability of a run's next stop: ε, or once explored 1 − 1/explore_steps."""
-        first, later = self.settings.exploration
-        return later if explored else first
+    def _epsilon(self, explored: bool, theirs: Sequence[tuple[Challenger, StopDecision]]) -> float:
+        """The probability that the run's stop now is explored (``STOPSERVE_EXPLORE``).
 
-    def _shadow(  # noqa: PLR0917
+        ε; where a challenger would go on, ``explore_disagree`` (what a retrain needs to judge
+        it: runs that show what follows the champion's stop); once the run was explored,
+        1 − 1/explore_steps. It depends on the run's state alone, so the logged propensity is
+        the true probability of the action taken.
+        """
+        first, disagree, later = self.settings.exploration
+        if explored:
+            return later
+        return disagree if any(d.action == "continue" for _, d in theirs) else first
+
+    def _challenged(
+        self,
+        state: RunState,
+        lam: float | None,
+        cost_share: float | None,
+        safety: SafetyConfig | None,
+        proposed_stop: bool,
+    ) -> list[tuple[Challenger, StopDecision]]:
+        """Every challenger's answer on the run's state (no exploration), never acted on."""
+        return [
+            (c, self._decide(c.policy, state, lam, cost_share, safety, proposed_stop))
+            for c in self.challengers
+        ]
+
+    def _shadow(
         self,
         run: Run | None,
         champion: StopDecision,
-        proposed_stop: bool,
-        state: RunState | None = None,
-        lam: float | None = None,
-        cost_share: float | None = None,
-        safety: SafetyConfig | None = None,
+        theirs: Sequence[tuple[Challenger, StopDecision]],
+        state: RunState,
     ) -> list[ShadowCall]:
-        """Every challenger's answer on the same state, never acted on; the run remembers their stops."""
-        if run is not None:
-            state, lam, cost_share, safety = run.state, run.lam, run.cost_share, run.safety
-        assert state is not None
+        """The challengers' answers to count and log; the run remembers their stops."""
         calls: list[ShadowCall] = []
         compare = run is not None and champion.action == "stop" and not run.shadow_done
-        for challenger in self.challengers:
-            mine = self._decide(challenger.policy, state, lam, cost_share, safety, proposed_stop)
+        for challenger, mine in theirs:
             first: int | None = None
             if run is not None:
                 if mine.action == "stop":

@@ -11,6 +11,10 @@
   GIL is not shared) and it takes no core from them that the machine needs first. A
   retrain already running (here, or in another replica: the store's lock) is not started
   twice. What it does is in the promotions log; its output in ``<store>/retrain.log``.
+* **Shadow the refused candidate.** With exploration on, the candidate the last retrain
+  refused (``<store>/candidate``) decides in the shadow as challenger ``candidate`` until
+  a promotion removes it, and a stop it would not take is explored more often
+  (``STOPSERVE_EXPLORE_DISAGREE``): the next retrain then has the runs to judge it.
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ class LearningLoop:
         self.models = ModelStore(root) if root is not None else None
         self.following = False
         self._seen: tuple[int, int] | None = None
+        self._candidate_seen: tuple[int, int] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._out: IO[bytes] | None = None
         self._lock = threading.Lock()
@@ -129,6 +134,21 @@ class LearningLoop:
         if self.models is None or self.models.signature() == self._seen:
             return None
         return self.champion()
+
+    def candidate_changed(self) -> tuple[bool, Path | None]:
+        """(changed since last asked, the store's kept candidate or None): with exploration on only.
+
+        The last refused candidate decides in the shadow, so that exploration concentrates on
+        the stops where it would go on (``STOPSERVE_EXPLORE_DISAGREE``): the runs the next
+        retrain needs to judge a model like it.
+        """
+        if self.models is None or self.settings.explore <= 0:
+            return False, None
+        seen = self.models.candidate_signature()
+        if seen == self._candidate_seen:
+            return False, None
+        self._candidate_seen = seen
+        return True, None if seen is None else self.models.candidate_dir
 
     def info(self) -> ChampionInfo | None:
         """What ``GET /v1/model`` shows of the store's champion."""

@@ -300,6 +300,8 @@ def retrain(
             evidence={**evidence, "reason": reason},
         )
     else:
+        # compiled here too: with exploration on, the service shadows the kept candidate
+        Policy.load(candidate_dir)
         kept = store.keep_candidate(candidate_dir)
         store.log({"kind": "refusal", "candidate": str(kept), "reason": reason, "evidence": evidence})
     return result

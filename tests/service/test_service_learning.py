@@ -163,7 +163,50 @@ def test_explore_keeps_its_former_name(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().explore == 0.2
     monkeypatch.delenv("STOPSERVE_EPSILON")
     monkeypatch.setenv("STOPSERVE_EXPLORE", "0.3")
-    assert Settings().exploration == (0.3, pytest.approx(0.8))
+    assert Settings().exploration == (0.3, 0.3, pytest.approx(0.8))  # disagree: never below ε
+    monkeypatch.setenv("STOPSERVE_EXPLORE_DISAGREE", "0.6")
+    assert Settings().exploration == (0.3, 0.6, pytest.approx(0.8))
+
+
+def _first_propensities(c: TestClient, log: Path, prefix: str, runs: int = 30) -> set[float]:
+    """The propensity of each run's first decision, for runs the champion wants to stop at once."""
+    for r in range(runs):
+        c.post(f"/v1/runs/{prefix}{r}/decide", json={"events": turn_events(0)})
+        c.post(f"/v1/runs/{prefix}{r}/outcome", json={"rewards": {"team": 0.0}})
+    first = {}
+    for d in lines(log):
+        if d["run_id"].startswith(prefix):
+            first.setdefault(d["run_id"], d)
+    assert len(first) == runs
+    return {round(d["propensity"], 6) for d in first.values()}
+
+
+def test_exploration_concentrates_where_the_refused_candidate_would_go_on(
+    tmp_path: Path, models: dict[str, Path]
+) -> None:
+    store = ModelStore(tmp_path / "logs" / "models")
+    store.keep_candidate(models["go"])  # what a refused retrain leaves
+    log = tmp_path / "logs" / "decisions.jsonl"
+    kw = {"model_dir": models["stop"], "explore_disagree": 0.5, "seed": 3, "fsync_interval_s": 0.05}
+    with _client(tmp_path, explore=0.0, **kw) as c:  # exploration off: nothing to aim it at
+        assert c.get("/v1/model").json()["challengers"] == []
+    with _client(tmp_path, explore=0.05, **kw) as c:
+        shadows = c.get("/v1/model").json()["challengers"]
+        assert [(x["name"], x["model_version"]) for x in shadows] == [("candidate", "tiny-go")]
+        # the champion stops at once where the candidate would go on: explored with 0.5, not 0.05
+        assert _first_propensities(c, log, "d") == {0.5}
+        # a promotion makes the refused candidate stale: gone from the store and from the shadow
+        store.promote(models["stop"], version="tiny-stop", previous=None, evidence={})
+        deadline = time.monotonic() + 10
+        while c.get("/v1/model").json()["challengers"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.get("/v1/model").json()["challengers"] == [] and not store.candidate_dir.exists()
+        assert _first_propensities(c, log, "e") <= {0.05, 0.95}  # ε again
+        # the next refusal is shadowed again, without a restart
+        store.keep_candidate(models["go2"])
+        while not c.get("/v1/model").json()["challengers"] and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert [x["model_version"] for x in c.get("/v1/model").json()["challengers"]] == ["tiny-go-2"]
 
 
 def _served(c: TestClient) -> str:

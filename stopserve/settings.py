@@ -117,6 +117,15 @@ class Settings(BaseSettings):
             "last refused candidate, or one you added) would go on: the runs a retrain needs to judge it."
         ),
     )
+    explore_follow: float = Field(
+        default=0.95,
+        ge=0,
+        lt=1,
+        description=(
+            "With exploration on: the probability that an explored run goes on past a later stop where a "
+            "shadow challenger would go on: the run follows it, so the log shows what its whole run gets."
+        ),
+    )
     seed: int | None = Field(default=None, description="Seed of the exploration random stream.")
     challengers: Path | None = Field(
         default=None,
@@ -223,11 +232,16 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def exploration(self) -> tuple[float, float, float]:
-        """(ε, ε where a challenger would go on, ρ): a run's first stop explored, and a later one."""
+    def exploration(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The probabilities that a stop is explored: ((a run's first, where a challenger would go on),
+        (a later one in an explored run, where a challenger would go on)); none below the one before."""
         if self.explore <= 0:
-            return 0.0, 0.0, 0.0
-        return self.explore, max(self.explore, self.explore_disagree), 1.0 - 1.0 / self.explore_steps
+            return (0.0, 0.0), (0.0, 0.0)
+        later = 1.0 - 1.0 / self.explore_steps
+        return (self.explore, max(self.explore, self.explore_disagree)), (
+            later,
+            max(later, self.explore_follow),
+        )
 
     def resolved_model_store(self) -> Path | None:
         """The model store: the configured one, else ``<log_dir>/models``, else None."""

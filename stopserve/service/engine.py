@@ -580,14 +580,13 @@ class Engine:
         """The probability that the run's stop now is explored (``STOPSERVE_EXPLORE``).
 
         ε; where a challenger would go on, ``explore_disagree`` (what a retrain needs to judge
-        it: runs that show what follows the champion's stop); once the run was explored,
-        1 − 1/explore_steps. It depends on the run's state alone, so the logged propensity is
+        it: runs that show what follows the champion's stop). Once the run was explored,
+        1 − 1/explore_steps; where a challenger would go on, ``explore_follow`` (the run follows
+        it to its own stop). It depends on the run's state alone, so the logged propensity is
         the true probability of the action taken.
         """
-        first, disagree, later = self.settings.exploration
-        if explored:
-            return later
-        return disagree if any(d.action == "continue" for _, d in theirs) else first
+        plain, aimed = self.settings.exploration[1 if explored else 0]
+        return aimed if any(d.action == "continue" for _, d in theirs) else plain
 
     def _challenged(
         self,

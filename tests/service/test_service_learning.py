@@ -163,9 +163,11 @@ def test_explore_keeps_its_former_name(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().explore == 0.2
     monkeypatch.delenv("STOPSERVE_EPSILON")
     monkeypatch.setenv("STOPSERVE_EXPLORE", "0.3")
-    assert Settings().exploration == (0.3, 0.3, pytest.approx(0.8))  # disagree: never below ε
+    monkeypatch.setenv("STOPSERVE_EXPLORE_DISAGREE", "0.1")
+    assert Settings().exploration == ((0.3, 0.3), (pytest.approx(0.8), 0.95))  # never below the rate beside
     monkeypatch.setenv("STOPSERVE_EXPLORE_DISAGREE", "0.6")
-    assert Settings().exploration == (0.3, 0.6, pytest.approx(0.8))
+    monkeypatch.setenv("STOPSERVE_EXPLORE_FOLLOW", "0.5")
+    assert Settings().exploration == ((0.3, 0.6), (pytest.approx(0.8), pytest.approx(0.8)))
 
 
 def _first_propensities(c: TestClient, log: Path, prefix: str, runs: int = 30) -> set[float]:
@@ -187,7 +189,8 @@ def test_exploration_concentrates_where_the_refused_candidate_would_go_on(
     store = ModelStore(tmp_path / "logs" / "models")
     store.keep_candidate(models["go"])  # what a refused retrain leaves
     log = tmp_path / "logs" / "decisions.jsonl"
-    kw = {"model_dir": models["stop"], "explore_disagree": 0.5, "seed": 3, "fsync_interval_s": 0.05}
+    kw = {"model_dir": models["stop"], "explore_disagree": 0.5, "explore_follow": 0.9, "seed": 3}
+    kw["fsync_interval_s"] = 0.05
     with _client(tmp_path, explore=0.0, **kw) as c:  # exploration off: nothing to aim it at
         assert c.get("/v1/model").json()["challengers"] == []
     with _client(tmp_path, explore=0.05, **kw) as c:
@@ -195,6 +198,16 @@ def test_exploration_concentrates_where_the_refused_candidate_would_go_on(
         assert [(x["name"], x["model_version"]) for x in shadows] == [("candidate", "tiny-go")]
         # the champion stops at once where the candidate would go on: explored with 0.5, not 0.05
         assert _first_propensities(c, log, "d") == {0.5}
+        # an explored run follows the candidate: its later stops explored with 0.9, not 1 - 1/5
+        later = []
+        for r in range(40):
+            for i in range(4):
+                got = c.post(f"/v1/runs/f{r}/decide", json={"events": turn_events(i)}).json()
+                if i:
+                    later.append(round(got["propensity"], 6))
+                if got["action"] == "stop":
+                    break
+        assert later and set(later) <= {0.9, 0.1} and 0.9 in later
         # a promotion makes the refused candidate stale: gone from the store and from the shadow
         store.promote(models["stop"], version="tiny-stop", previous=None, evidence={})
         deadline = time.monotonic() + 10

@@ -532,7 +532,11 @@ def p99_during_retrain(size: dict[str, Any], work: Path) -> dict[str, Any]:
         retrain_s = time.monotonic() - started
         for _ in range(2):
             quiet.append(_load_window(server.url, seconds))
+        # a refused candidate decides in the shadow after it (exploration is on): say so
+        shadowed = len(http.get("/v1/model").json()["challengers"])
     return {
+        "retrain": (_promotions(store) or [{}])[-1].get("kind"),
+        "challengers_after": shadowed,
         "quiet_p99_ms": statistics.median(w["p99_ms"] for w in quiet),
         "retrain_p99_ms": statistics.median(w["p99_ms"] for w in busy) if busy else math.nan,
         "quiet_windows": len(quiet),

@@ -147,6 +147,21 @@ def test_default_smoke(workdir: Path) -> None:
     assert len(doc["targets"]) == 4
 
 
+@pytest.mark.slow
+def test_default_in_system_smoke(workdir: Path) -> None:
+    """The in-system reference: every system trained and judged on its own runs, at each floor."""
+    if not SHARED_DATA.exists():
+        pytest.skip(f"{SHARED_DATA} not found: the default model's benchmark needs the real runs")
+    doc = _run("bench_default.py", workdir / "in-system", "--in-system")
+    floors = doc["data"]["in_system"]
+    assert set(floors) == {"0.01", "0.0025"}
+    for per in floors.values():
+        assert {"mini-swe-agent", "mint", "intercode-bash", "sim-swarm"} <= set(per)
+        # judged on its own held-out tasks: never below the logged runs by more than the value floor
+        assert all(r["runs"] > 0 and r["value"] >= r["behavior"] - 0.005 - 1e-9 for r in per.values())
+    assert "--group-by task" in " ".join(doc["data"]["flags"]) and "in-system reference" in doc["title"]
+
+
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install -y wrk)")
 def test_serve_smoke(workdir: Path) -> None:
     doc = _run("bench_serve.py", workdir)

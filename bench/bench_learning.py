@@ -60,6 +60,7 @@ CURVES = ROOT / "bench" / "learning-curves.png"
 #: The simulator's documented protocol (docs/simulator.md, "End to end"), for every retrain.
 SIM_RETRAIN_ARGS = "--cost-unit ktokens --method optimal --min-turns 2"
 EXPLORE = 0.05
+ADMIN_TOKEN = "bench-learning"
 EXPLORE_STEPS = 5
 HOLDOUT = 0.3
 
@@ -162,6 +163,7 @@ def _server(work: Path, env: dict[str, str], model: Path = DEFAULT_MODEL) -> Liv
         "STOPSERVE_SEED": "25",
         "STOPSERVE_LOG_LEVEL": "warning",
         "STOPSERVE_FSYNC_INTERVAL_S": "0.5",
+        "STOPSERVE_ADMIN_TOKEN": ADMIN_TOKEN,
     }
     return LiveServer(log_dir=work / "logs", model=model, env={**base, **env}, startup_timeout=120)
 
@@ -534,9 +536,16 @@ def p99_during_retrain(size: dict[str, Any], work: Path) -> dict[str, Any]:
             quiet.append(_load_window(server.url, seconds))
         # a refused candidate decides in the shadow after it (exploration is on): say so
         shadowed = len(http.get("/v1/model").json()["challengers"])
+        # what one shadow challenger costs a decide call: the default model beside the champion
+        auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        body = {"model_dir": str(DEFAULT_MODEL), "name": "bench-shadow"}
+        http.post("/v1/admin/challengers", json=body, headers=auth).raise_for_status()
+        with_shadow = [_load_window(server.url, seconds) for _ in range(2)]
+        http.delete("/v1/admin/challengers/bench-shadow", headers=auth).raise_for_status()
     return {
         "retrain": (_promotions(store) or [{}])[-1].get("kind"),
         "challengers_after": shadowed,
+        "one_more_challenger_p99_ms": statistics.median(w["p99_ms"] for w in with_shadow),
         "quiet_p99_ms": statistics.median(w["p99_ms"] for w in quiet),
         "retrain_p99_ms": statistics.median(w["p99_ms"] for w in busy) if busy else math.nan,
         "quiet_windows": len(quiet),
@@ -940,6 +949,15 @@ def _report_cost(sec: Section, cost: dict[str, Any], p99: dict[str, Any], size: 
             bool(ratio <= 1.2) if math.isfinite(ratio) else None,
         )
     )
+    if "one_more_challenger_p99_ms" in p99:
+        sec.add(
+            "",
+            f"Decide p99 with one shadow challenger added (the default model beside the champion; with "
+            f"exploration on, a refused candidate is one): {p99['one_more_challenger_p99_ms']:.2f} ms "
+            f"against {p99['quiet_p99_ms']:.2f} ms quiet, "
+            f"{p99['one_more_challenger_p99_ms'] / p99['quiet_p99_ms']:.2f}x (the retrain measured: "
+            f"{p99.get('retrain')}; challengers after it: {p99.get('challengers_after')}).",
+        )
 
 
 if __name__ == "__main__":

@@ -282,9 +282,11 @@ class Engine:
         if not changed:
             return
         if path is None:
-            if any(c.name == STORE_CANDIDATE for c in self.challengers):
+            try:
                 self.challengers.remove(STORE_CANDIDATE)
-                _log.info("challenger %s removed: a promotion replaced it", STORE_CANDIDATE)
+            except ModelNotFoundError:  # never shadowed, or removed by hand already
+                return
+            _log.info("challenger %s removed: a promotion replaced it", STORE_CANDIDATE)
             return
         try:
             self.add_challenger(str(path), STORE_CANDIDATE)

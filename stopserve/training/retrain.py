@@ -286,11 +286,12 @@ def retrain(
     result = RetrainResult(promoted, reason, evidence, evaluation=ev)
     if args.dry_run:
         return result
+    # compiled here, at this process's priority, into the cache the service reads: its load of the
+    # new champion (or, with exploration on, of the refused candidate it shadows) is then a cache
+    # hit, not a compiler run beside its decide calls
+    Policy.load(winner_dir if promoted else candidate_dir)
     if promoted:
         assert winner.model_version is not None
-        # compiled here, at this process's priority, into the cache the service reads: its reload
-        # of the new champion is then a cache hit, not a compiler run beside its decide calls
-        Policy.load(winner_dir)
         result.champion = store.promote(
             winner_dir,
             version=winner.model_version,
@@ -300,8 +301,6 @@ def retrain(
             evidence={**evidence, "reason": reason},
         )
     else:
-        # compiled here too: with exploration on, the service shadows the kept candidate
-        Policy.load(candidate_dir)
         kept = store.keep_candidate(candidate_dir)
         store.log({"kind": "refusal", "candidate": str(kept), "reason": reason, "evidence": evidence})
     return result

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,7 +52,7 @@ from stopserve.policy import Policy
 from stopserve.trace import Trace, is_decision_point
 from stopserve.training.deploy import drive, end_value, prefix_values, run_cost
 from stopserve.training.replay import REPLAY_ENGINE
-from stopserve.training.retrain import recency_order
+from stopserve.training.retrain import KEPT, recency_order
 from stopserve.training.simulate import SIM_TOPOLOGIES, simulate
 
 DEFAULT_MODEL = ROOT / "models" / "default"
@@ -219,6 +220,7 @@ def deployment(topology: str, lam: float, size: dict[str, Any], work: Path, seed
     twins: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     retrains: list[dict[str, Any]] = []
+    kept: Path | None = None
     with _server(work, env) as server, httpx.Client(base_url=server.url, timeout=120) as http:
         champion_path = Path(http.get("/v1/model").json()["path"])
         champion = Policy.load(champion_path, engine=REPLAY_ENGINE)
@@ -259,8 +261,12 @@ def deployment(topology: str, lam: float, size: dict[str, Any], work: Path, seed
             )
             record = _wait_retrain(http, store, len(retrains), timeout=3600)
             retrains.append(
-                _judge_retrain(record, store, work / "logs", twins, champion, lam, test, champ_test)
+                _judge_retrain(record, store, work / "logs", twins, champion, lam, test, champ_test, kept)
             )
+            kept = None
+            if record["kind"] == "refusal" and (store / "candidate").is_dir():
+                kept = work / f"kept-{r + 1}"  # the next retrain's second look is judged against the truth
+                shutil.copytree(store / "candidate", kept, dirs_exist_ok=True)
             if record["kind"] == "promotion":
                 champion_path = Path(record["path"])
                 champion = Policy.load(champion_path, engine=REPLAY_ENGINE)
@@ -300,28 +306,54 @@ def _judge_retrain(
     lam: float,
     test: list[dict[str, Any]],
     champ_test: float,
+    kept: Path | None,
 ) -> dict[str, Any]:
-    """A retrain's off-policy figures against the truth, and a promotion's true change on the test set."""
+    """A retrain's off-policy figures against the truth, and a promotion's true change on the test set.
+
+    ``kept``: a copy of the candidate the retrain before refused (its second look is judged too).
+    """
     evidence = record.get("evidence", {})
     out: dict[str, Any] = {"kind": record["kind"], "reason": record.get("reason", evidence.get("reason", ""))}
     estimates = evidence.get("estimates")
     if not estimates:
         return out
+    logged = _logged(logs)
+    look = evidence.get("second_look") or {}
+    if "difference" in look and kept is not None:  # the refused candidate judged again on the runs since
+        since = [twins[t["trace_id"]] for t in logged[len(logged) - int(look["judged_on"]["runs"]) :]]
+        kept_policy = Policy.load(kept, engine=REPLAY_ENGINE)
+        out["second_look"] = {
+            "dr": look["difference"]["mean"],
+            "ci90": look["difference"]["ci90"],
+            "truth": float(
+                true_values(kept_policy, since, lam).mean() - true_values(champion, since, lam).mean()
+            ),
+            "passed": look.get("winner") is not None,
+            "support": look["estimates"]["candidate"]["support"],
+            "runs": len(since),
+        }
+    elif look:
+        out["second_look"] = {"skipped": look.get("skipped", "")}
+    # the judgement that decided: the second look's when it promoted the refused candidate
+    kept_won = evidence.get("winner") == KEPT
+    judged = look if kept_won else evidence
     candidate_dir = Path(record["path"]) if record["kind"] == "promotion" else Path(record["candidate"])
     candidate = Policy.load(candidate_dir, engine=REPLAY_ENGINE)
-    logged = _logged(logs)
-    n_hold = int(evidence["judged_on"]["runs"])
-    order, _ = recency_order([t.get("metrics") or {} for t in logged])  # as the retrain split them
-    held = [twins[logged[i]["trace_id"]] for i in order[len(order) - n_hold :]]
+    if kept_won:
+        held = [twins[t["trace_id"]] for t in logged[len(logged) - int(look["judged_on"]["runs"]) :]]
+    else:
+        n_hold = int(evidence["judged_on"]["runs"])
+        order, _ = recency_order([t.get("metrics") or {} for t in logged])  # as the retrain split them
+        held = [twins[logged[i]["trace_id"]] for i in order[len(order) - n_hold :]]
     truth = {
         "candidate": float(true_values(candidate, held, lam).mean()),
         "champion": float(true_values(champion, held, lam).mean()),
     }
     # the challenger the difference is of: the candidate, or the tuned heuristic promoted instead
-    shown = evidence["difference"].get("policy", "candidate")
+    shown = judged["difference"].get("policy", "candidate")
     out["promoted_policy"] = evidence.get("winner")
     for who in ("candidate", "champion"):
-        est = estimates[shown if who == "candidate" else who]
+        est = judged["estimates"][shown if who == "candidate" else who]
         lo, hi = est["dr_ci90"]
         out[who] = {
             "truth": truth[who],
@@ -334,7 +366,7 @@ def _judge_retrain(
             "support": est["support"],
             "enough": est["enough"],
         }
-    diff = evidence["difference"]
+    diff = judged["difference"]
     out["difference"] = {
         "dr": diff["mean"],
         "ci90": diff["ci90"],
@@ -852,21 +884,30 @@ def _report_deployments(sec: Section, deployments: list[dict[str, Any]], size: d
         for k, r in enumerate(d["retrains"]):
             if "difference" not in r:
                 rt.append(
-                    [d["topology"], d["lambda"], k + 1, r["kind"], "—", "—", "—", "—", r["reason"][:80]]
+                    [d["topology"], d["lambda"], k + 1, r["kind"], "—", "—", "—", "—", "—", r["reason"][:80]]
                 )
                 continue
             diff = r["difference"]
             c = r["candidate"]
+            look = r.get("second_look") or {}
+            if "dr" in look:
+                second = (
+                    f"{look['dr']:+.4f} [{look['ci90'][0]:+.4f}, {look['ci90'][1]:+.4f}] "
+                    f"vs {look['truth']:+.4f} on {look['runs']}" + (", passed" if look["passed"] else "")
+                )
+            else:
+                second = "—"
             rt.append(
                 [
                     d["topology"],
                     d["lambda"],
                     k + 1,
-                    r["kind"],
+                    r["kind"] + (" (second look)" if r.get("promoted_policy") == KEPT else ""),
                     f"{diff['dr']:+.4f} [{diff['ci90'][0]:+.4f}, {diff['ci90'][1]:+.4f}]",
                     f"{diff['truth']:+.4f}",
                     f"{c['dr']:.4f} [{c['dr_ci90'][0]:.4f}, {c['dr_ci90'][1]:.4f}] vs {c['truth']:.4f}",
                     "/".join(str(c["support"][k_]) for k_ in ("exact", "weighted", "zeroed", "unsupported")),
+                    second,
                     f"{r['test_change']:+.4f}" if "test_change" in r else "—",
                 ]
             )
@@ -880,6 +921,7 @@ def _report_deployments(sec: Section, deployments: list[dict[str, Any]], size: d
             "true difference",
             "candidate DR [90%] vs truth",
             "runs exact/weighted/zeroed/unsupported",
+            "second look of the refused candidate: DR − champion [90%] vs truth, on the runs since",
             "promotion's true change (test)",
         ],
         rt,

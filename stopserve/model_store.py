@@ -7,6 +7,8 @@ default ``<log_dir>/models``)::
     versions/<version>/ every promoted model (a model directory, checked by sha256 when loaded)
     candidate/          the last candidate refused, until a promotion (with exploration on, the
                         service runs it as a shadow challenger and explores where it would go on)
+    candidate.json      what its refusal saw (the last logged run it read, its first look's figures):
+                        the next retrain judges it again on the runs logged since
     promotions.jsonl    one line per retrain, promoted or refused, and per rollback, with the evidence
     retrain.lock        held by a running retrain: one at a time, across replicas sharing the store
 
@@ -36,11 +38,12 @@ from typing import Any, Final
 
 from stopserve.errors import ConfigError
 
-__all__ = ["Champion", "ModelStore", "RetrainBusyError"]
+__all__ = ["Champion", "KeptCandidate", "ModelStore", "RetrainBusyError"]
 
 CHAMPION_FILE: Final = "champion.json"
 PROMOTIONS_FILE: Final = "promotions.jsonl"
 CANDIDATE_DIR: Final = "candidate"
+CANDIDATE_FILE: Final = "candidate.json"
 
 
 class RetrainBusyError(ConfigError):
@@ -58,6 +61,18 @@ class Champion:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data."""
         return {"version": self.version, "path": str(self.path), "history": self.history}
+
+
+@dataclass(frozen=True)
+class KeptCandidate:
+    """The last refused candidate (``candidate/``) and what the retrain that refused it saw."""
+
+    path: Path
+    #: the trace id of the last logged run that retrain read: the runs logged after it are new to it
+    #: (None: not known -- kept by an older retrain)
+    seen_through: str | None
+    #: that retrain's figures of it (``mean``, ``ci90`` of candidate − champion, ``enough``)
+    first_look: dict[str, Any] = field(default_factory=dict)
 
 
 class ModelStore:
@@ -127,6 +142,8 @@ class ModelStore:
         self._write_pointer(champion, rel)
         # a candidate refused against the champion before is stale: it no longer decides in the shadow
         shutil.rmtree(self.candidate_dir, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            (self.root / CANDIDATE_FILE).unlink()
         self.log({"kind": "promotion", "version": version, "path": str(dest), "evidence": dict(evidence)})
         return champion
 
@@ -143,8 +160,18 @@ class ModelStore:
             return None
         return st.st_mtime_ns, st.st_ino
 
-    def keep_candidate(self, model_dir: str | os.PathLike[str]) -> Path:
-        """Keep a refused candidate as ``candidate/`` (the last one only, until a promotion)."""
+    def keep_candidate(
+        self,
+        model_dir: str | os.PathLike[str],
+        *,
+        seen_through: str | None = None,
+        first_look: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """Keep a refused candidate as ``candidate/`` (the last one only, until a promotion).
+
+        ``seen_through``: the trace id of the last logged run the refusing retrain read (the
+        runs logged after it are new to the candidate); ``first_look``: that retrain's figures.
+        """
         dest = self.candidate_dir
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".candidate.", dir=self.root))
@@ -153,7 +180,30 @@ class ModelStore:
             shutil.rmtree(dest)
         os.replace(tmp / "model", dest)
         tmp.rmdir()
+        record = {"seen_through": seen_through, "first_look": dict(first_look or {}), "at": time.time()}
+        fd, name = tempfile.mkstemp(prefix=".candidate.", suffix=".json", dir=self.root)
+        with os.fdopen(fd, "w") as out:
+            json.dump(record, out, allow_nan=False, default=str)
+        os.replace(name, self.root / CANDIDATE_FILE)
         return dest
+
+    def kept_candidate(self) -> KeptCandidate | None:
+        """The refused candidate kept here and what its refusal saw; None when none is kept."""
+        if not (self.candidate_dir / "manifest.json").exists():
+            return None
+        try:
+            record = json.loads((self.root / CANDIDATE_FILE).read_text())
+        except (OSError, ValueError):
+            record = {}  # kept by an older retrain, or the file is damaged: its runs are not known
+        if not isinstance(record, dict):
+            record = {}
+        seen = record.get("seen_through")
+        first = record.get("first_look")
+        return KeptCandidate(
+            self.candidate_dir,
+            seen if isinstance(seen, str) else None,
+            first if isinstance(first, dict) else {},
+        )
 
     def rollback(self) -> Champion:
         """Make the champion before the current one the champion again (logged)."""

@@ -17,7 +17,13 @@ recently *started*, as the service logs when each run started), and:
    any held-out run and better on some) and both figures are supported; the candidate
    before a heuristic unless the heuristic is better than it too. Otherwise says why.
    Either way one line goes to the promotions log
-   (:class:`stopserve.model_store.ModelStore`) with the evidence.
+   (:class:`stopserve.model_store.ModelStore`) with the evidence;
+4. gives the candidate the last retrain refused (kept in the store, and with exploration on
+   shadowed by the service, which explored where it would go on) a **second look**: the
+   same gate on the runs logged since its refusal, which it has neither trained nor been
+   judged on. When the fitted candidate is not promoted and it passes, it is (not with
+   ``--candidate``; not for a candidate its first look found worse). A refused candidate
+   replaces the kept one.
 
 The promoted model is compiled here (into the inference cache the service reads), copied
 into the model store and becomes its champion; every
@@ -43,7 +49,7 @@ import orjson
 
 from stopserve.artifacts import save_model_dir
 from stopserve.errors import ConfigError, TrainingError
-from stopserve.model_store import Champion, ModelStore
+from stopserve.model_store import Champion, KeptCandidate, ModelStore
 from stopserve.policy import Policy
 from stopserve.service.log import log_files
 from stopserve.settings import default_model_dir, load_settings
@@ -71,6 +77,8 @@ __all__ = [
 MIN_TRAIN_RUNS: Final = 20
 #: The estimator the promotion gate reads.
 GATE_ESTIMATOR: Final = "dr"
+#: The promoted policy's name when the refused candidate passes its second look.
+KEPT: Final = "kept candidate"
 #: The manifest fields that say how a policy weighs cost (a promoted heuristic keeps the candidate's).
 _PRICING: Final = ("cost_unit", "cost_scale", "default_lambda", "default_cost_share", "objective")
 
@@ -84,6 +92,8 @@ class RetrainResult:
     evidence: dict[str, Any] = field(default_factory=dict)
     champion: Champion | None = None
     evaluation: LoggedEvaluation | None = None
+    #: the refused candidate's second look, on the runs logged since its refusal (None: none)
+    second_look: LoggedEvaluation | None = None
 
 
 def logged_runs(log_dir: Path) -> list[Path]:
@@ -100,21 +110,42 @@ def _lines(paths: Sequence[Path]) -> Iterator[bytes]:
                     yield line
 
 
-def _split(
-    paths: Sequence[Path], holdout: float, work: Path
-) -> tuple[Path, Path, int, int, set[tuple[str, float]], str]:
+@dataclass(frozen=True)
+class _Split:
+    """The logged runs a retrain reads, written to its work directory (see :func:`_split`)."""
+
+    train: Path
+    held: Path
+    n_train: int
+    n_hold: int
+    #: the objectives the runs were decided at (``service_lambda`` / ``service_cost_share``)
+    objectives: set[tuple[str, float]]
+    #: what "most recent" was read from: ``started`` or ``logged``
+    by: str
+    #: the trace id of the last run in the log (what a candidate refused now has seen)
+    last_id: str | None
+    #: the runs logged after ``after`` (the kept candidate's second look), None when it is not in the log
+    since: Path | None
+    n_since: int
+
+
+def _split(paths: Sequence[Path], holdout: float, work: Path, after: str | None = None) -> _Split:
     """Write the logged runs to ``work/train.jsonl`` and their most recent ``holdout`` share to
-    ``work/holdout.jsonl``; the two counts, the objectives the runs were decided at, and the order.
+    ``work/holdout.jsonl``, and the runs logged after the one whose trace id is ``after`` (its
+    last occurrence) to ``work/since.jsonl``.
 
     Most recent by when each run started (``metrics.service_started``, which the service writes)
     when every run says so, else by when it was logged: runs end in the order of their length
     when many run at once, so the last to finish are the longest, not a fair sample of the recent.
+    "Logged after" is the log's own order: every run that finished since, however long.
     """
     lines = list(_lines(paths))
     n = len(lines)
     n_hold = math.ceil(holdout * n) if n else 0
     objectives: set[tuple[str, float]] = set()
-    metrics = [orjson.loads(line).get("metrics") or {} for line in lines]
+    parsed = [orjson.loads(line) for line in lines]
+    metrics = [d.get("metrics") or {} for d in parsed]
+    ids = [str(d.get("trace_id")) for d in parsed]
     for m in metrics:
         for key in ("service_lambda", "service_cost_share"):
             if key in m:
@@ -124,7 +155,14 @@ def _split(
     with train.open("wb") as a, held.open("wb") as b:
         for rank, i in enumerate(order):
             (a if rank < n - n_hold else b).write(lines[i])
-    return train, held, n - n_hold, n_hold, objectives, by
+    since: Path | None = None
+    n_since = 0
+    if after is not None and after in ids:
+        first = n - ids[::-1].index(after)
+        since = work / "since.jsonl"
+        since.write_bytes(b"".join(lines[first:]))
+        n_since = n - first
+    return _Split(train, held, n - n_hold, n_hold, objectives, by, ids[-1] if ids else None, since, n_since)
 
 
 def recency_order(metrics: Sequence[Mapping[str, Any]]) -> tuple[list[int], str]:
@@ -188,8 +226,10 @@ def retrain(
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    train, held, n_train, n_hold, objectives, recent = _split(files, args.holdout, work)
-    objective = _objective(args, objectives)
+    kept = None if args.candidate else store.kept_candidate()
+    split = _split(files, args.holdout, work, after=kept.seen_through if kept is not None else None)
+    train, held, n_train, n_hold, recent = split.train, split.held, split.n_train, split.n_hold, split.by
+    objective = _objective(args, split.objectives)
     corpus = [Path(p) for p in (args.corpus or [])]
     champion_dir, champion_from = _champion_dir(store, args.champion)
     base: dict[str, Any] = {
@@ -281,9 +321,31 @@ def retrain(
     if verdict.winner is not None and verdict.winner != "candidate":
         winner_dir = _heuristic_dir(tuned[verdict.winner], candidate, work / "heuristic")
         winner = Policy.load(winner_dir, engine=REPLAY_ENGINE)
+    second: Judgement | None = None
+    if kept is not None:
+        t_second = time.perf_counter()
+        second, look = _second_look(
+            kept, champion, split, lam=lam, objective=asked, cost_unit=train_dp.cost_unit, args=args
+        )
+        evidence["second_look"] = look
+        evidence["timings"]["second_look_s"] = time.perf_counter() - t_second
+        if not promoted and second is not None and second.promoted:
+            promoted, winner_dir = True, kept.path
+            winner = Policy.load(winner_dir, engine=REPLAY_ENGINE)
+            reason = (
+                f"the candidate refused last time ({winner.model_version}), judged again on the "
+                f"{look['judged_on']['runs']} runs logged since: {second.reason}; the fitted candidate: "
+                f"{verdict.reason}"
+            )
+            evidence["winner"] = KEPT
+            evidence["difference"] = {**look["difference"], "policy": KEPT}
+        elif not promoted:
+            reason += f"; the candidate refused last time: {look.get('reason') or look.get('skipped')}"
     if promoted:
-        evidence["promoted_policy"] = {"policy": verdict.winner, "version": winner.model_version}
-    result = RetrainResult(promoted, reason, evidence, evaluation=ev)
+        evidence["promoted_policy"] = {"policy": evidence["winner"], "version": winner.model_version}
+    result = RetrainResult(
+        promoted, reason, evidence, evaluation=ev, second_look=None if second is None else second.evaluation
+    )
     if args.dry_run:
         return result
     # compiled here, at this process's priority, into the cache the service reads: its load of the
@@ -301,9 +363,58 @@ def retrain(
             evidence={**evidence, "reason": reason},
         )
     else:
-        kept = store.keep_candidate(candidate_dir)
-        store.log({"kind": "refusal", "candidate": str(kept), "reason": reason, "evidence": evidence})
+        first_look = {**verdict.evidence["difference"], "enough": ev.estimates["candidate"].enough}
+        kept_at = store.keep_candidate(candidate_dir, seen_through=split.last_id, first_look=first_look)
+        store.log({"kind": "refusal", "candidate": str(kept_at), "reason": reason, "evidence": evidence})
     return result
+
+
+def _second_look(
+    kept: KeptCandidate,
+    champion: Policy,
+    split: _Split,
+    *,
+    lam: float,
+    objective: Mapping[str, float],
+    cost_unit: str | None,
+    args: argparse.Namespace,
+) -> tuple[Judgement | None, dict[str, Any]]:
+    """The refused candidate judged again, against the champion, on the runs logged since.
+
+    Those runs are new to it (neither trained nor judged on), and with exploration on the
+    service explored where it would go on past the champion's stops, so they support the
+    figure its first look lacked. Not given to a candidate its first look found worse (the
+    upper end below 0). Returns the judgement (None: skipped) and its evidence.
+    """
+    look: dict[str, Any] = {"candidate": {"path": str(kept.path)}, "first_look": kept.first_look}
+    first_ci = kept.first_look.get("ci90")
+    if kept.seen_through is None:
+        look["skipped"] = "it was kept without the runs its refusal saw: not judged again"
+    elif split.since is None:
+        look["skipped"] = f"the last run its refusal saw ({kept.seen_through}) is no longer in the log"
+    elif isinstance(first_ci, list) and len(first_ci) == 2 and float(first_ci[1]) < 0.0:
+        look["skipped"] = f"its first look found it worse (upper end {float(first_ci[1]):+.4f})"
+    if "skipped" in look:
+        return None, look
+    assert split.since is not None
+    policy = Policy.load(kept.path, engine=REPLAY_ENGINE)
+    look["candidate"]["version"] = policy.model_version
+    verdict = judge(
+        policy,
+        champion,
+        split.since,
+        lam=lam,
+        objective=objective,
+        cost_unit=cost_unit,
+        labels_from_rewards=args.labels_from_rewards,
+        group_by=args.group_by,
+        n_boot=args.n_boot,
+        seed=args.seed,
+    )
+    look.update(verdict.evidence)
+    look["judged_on"] = {"runs": split.n_since, "after": kept.seen_through, **verdict.evidence["judged_on"]}
+    look["reason"] = verdict.reason
+    return verdict, look
 
 
 def _heuristic_dir(heuristic: TunedHeuristic, candidate: Policy, out: Path) -> Path:
@@ -544,6 +655,13 @@ def retrain_command(args: argparse.Namespace) -> int:
             lam = result.evidence.get("lambda")
             print(f"value per run at lambda {lam:.4g} per {result.evidence.get('cost_unit')}, off-policy:")
             print(_table(result.evaluation))
+            if result.second_look is not None:
+                look = result.evidence["second_look"]
+                print(
+                    f"the candidate refused last time ({look['candidate'].get('version')}), on the "
+                    f"{look['judged_on']['runs']} runs logged since:"
+                )
+                print(_table(result.second_look))
         verdict = "PROMOTED" if result.promoted else "not promoted"
         where = f" -> {result.champion.path}" if result.champion is not None else ""
         print(f"{verdict}{' (dry run)' if args.dry_run else ''}: {result.reason}{where}")

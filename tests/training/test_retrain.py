@@ -280,12 +280,14 @@ def test_the_runs_judged_on_are_the_most_recently_started_not_the_last_to_finish
     )
     work = tmp_path / "work"
     work.mkdir()
-    train, held, n_train, n_hold, _, order = _split([log], 0.34, work)
+    split = _split([log], 0.34, work)
+    train, held, n_train, n_hold, order = split.train, split.held, split.n_train, split.n_hold, split.by
     ids = lambda path: [json.loads(line)["trace_id"] for line in path.read_text().splitlines()]  # noqa: E731
     assert (n_train, n_hold, order) == (3, 3, "started")
     assert ids(held) == ["r2", "r0", "r1"] and ids(train) == ["r5", "r4", "r3"]
     # older logs (no start time on some run): by when they were logged, as before
     with log.open("a") as fh:
         fh.write(json.dumps({"trace_id": "old"}) + "\n")
-    train, held, _, _, _, order = _split([log], 0.3, work)
+    split = _split([log], 0.3, work)
+    train, held, order = split.train, split.held, split.by
     assert order == "logged" and ids(held) == ["r4", "r5", "old"]

@@ -21,9 +21,9 @@ recently *started*, as the service logs when each run started), and:
 4. gives the candidate the last retrain refused (kept in the store, and with exploration on
    shadowed by the service, which explored where it would go on) a **second look**: the
    same gate on the runs logged since its refusal, which it has neither trained nor been
-   judged on. When the fitted candidate is not promoted and it passes, it is (not with
-   ``--candidate``; not for a candidate its first look found worse). A refused candidate
-   replaces the kept one.
+   judged on. When it passes and the fitted candidate does not, it is promoted, before a
+   tuned heuristic (not with ``--candidate``; not for a candidate its first look found
+   worse). A refused candidate replaces the kept one.
 
 The promoted model is compiled here (into the inference cache the service reads), copied
 into the model store and becomes its champion; every
@@ -329,12 +329,14 @@ def retrain(
         )
         evidence["second_look"] = look
         evidence["timings"]["second_look_s"] = time.perf_counter() - t_second
-        if not promoted and second is not None and second.promoted:
+        # a fitted model before a tuned heuristic: the refused candidate passing its second look
+        # is promoted unless the fitted candidate is
+        if verdict.winner != "candidate" and second is not None and second.promoted:
             promoted, winner_dir = True, kept.path
             winner = Policy.load(winner_dir, engine=REPLAY_ENGINE)
             reason = (
                 f"the candidate refused last time ({winner.model_version}), judged again on the "
-                f"{look['judged_on']['runs']} runs logged since: {second.reason}; the fitted candidate: "
+                f"{look['judged_on']['runs']} runs logged since: {second.reason}; on the held-out runs: "
                 f"{verdict.reason}"
             )
             evidence["winner"] = KEPT

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,27 +70,25 @@ def _truth(model: Path, twins: list[dict[str, Any]], lam: float) -> float:
 
 
 def _retrain(d: dict[str, Any], lam: float, capsys: pytest.CaptureFixture[str], *more: str) -> dict[str, Any]:
+    """``stopserve retrain --json`` on the deployment's log: judging ``d["candidate"]``, or fitting one
+    (``"--fit"`` in ``more``, costs in ktokens as the rules were served)."""
+    fit = "--fit" in more
+    judged = ("--cost-unit", "ktokens") if fit else ("--candidate", str(d["candidate"]))
     capsys.readouterr()
     rc = cli(
         [
             "retrain",
-            "--log-dir",
-            str(d["logs"]),
-            "--model-store",
-            str(d["store"]),
-            "--champion",
-            str(d["champion"]),
-            "--candidate",
-            str(d["candidate"]),
-            "--lambda",
-            str(lam),
-            "--holdout",
-            str(HOLDOUT),
-            "--n-boot",
-            "400",
-            "--no-progress",
-            "--json",
-            *more,
+            *(
+                "--log-dir",
+                str(d["logs"]),
+                "--model-store",
+                str(d["store"]),
+                "--champion",
+                str(d["champion"]),
+            ),
+            *judged,
+            *("--lambda", str(lam), "--holdout", str(HOLDOUT), "--n-boot", "400", "--no-progress", "--json"),
+            *(m for m in more if m != "--fit"),
         ]
     )
     assert rc == 0
@@ -114,6 +113,11 @@ def test_a_worse_candidate_is_refused_with_its_numbers(
     assert refusal["kind"] == "refusal" and refusal["reason"] == got["reason"]
     assert set(refusal["evidence"]["estimates"]) >= {"candidate", "champion", "logged"}
     assert (d["store"] / "candidate" / "manifest.json").exists()  # the refused candidate is kept to look at
+    # with what its refusal saw: the next retrain judges it again on the runs logged after this one
+    kept = store.kept_candidate()
+    last = json.loads((d["logs"] / "traces.jsonl").read_text().splitlines()[-1])["trace_id"]
+    assert kept is not None and kept.seen_through == last
+    assert kept.first_look["ci90"] == [lo, hi] and kept.first_look["enough"] is True
 
 
 def test_a_better_candidate_is_promoted_and_rollback_restores_the_champion(
@@ -268,7 +272,8 @@ def test_a_promoted_heuristic_is_served_as_it_was_judged(deployment: dict[str, A
 
 
 def test_the_runs_judged_on_are_the_most_recently_started_not_the_last_to_finish(tmp_path: Path) -> None:
-    """In a burst the last runs to finish are the longest: the held-out share is taken by start."""
+    """In a burst the last runs to finish are the longest: the held-out share is taken by start;
+    the runs logged since a given one, by the log's order."""
     log = tmp_path / "traces.jsonl"
     # logged (finished) in this order; started in the reverse order but for the first two
     started = [5.0, 6.0, 4.0, 3.0, 2.0, 1.0]
@@ -285,9 +290,82 @@ def test_the_runs_judged_on_are_the_most_recently_started_not_the_last_to_finish
     ids = lambda path: [json.loads(line)["trace_id"] for line in path.read_text().splitlines()]  # noqa: E731
     assert (n_train, n_hold, order) == (3, 3, "started")
     assert ids(held) == ["r2", "r0", "r1"] and ids(train) == ["r5", "r4", "r3"]
+    # a refused candidate's second look: every run logged after its last, in the log's order, however
+    # early it started (r4 and r5 started first, and ran longest)
+    split = _split([log], 0.34, work, after="r3")
+    assert split.since is not None and ids(split.since) == ["r4", "r5"] and split.n_since == 2
+    assert split.last_id == "r5" and _split([log], 0.34, work, after="gone").since is None
     # older logs (no start time on some run): by when they were logged, as before
     with log.open("a") as fh:
         fh.write(json.dumps({"trace_id": "old"}) + "\n")
     split = _split([log], 0.3, work)
     train, held, order = split.train, split.held, split.by
     assert order == "logged" and ids(held) == ["r4", "r5", "old"]
+
+
+def _keep(
+    store: Path, model: Path, logs: Path, after_run: int, first_look: dict[str, Any] | None = None
+) -> str:
+    """Keep ``model`` as the store's refused candidate, as if refused with run ``after_run`` logged last."""
+    seen = json.loads((logs / "traces.jsonl").read_text().splitlines()[after_run])["trace_id"]
+    ModelStore(store).keep_candidate(model, seen_through=seen, first_look=first_look or {})
+    return str(seen)
+
+
+def test_a_refused_candidate_is_judged_again_on_the_runs_logged_since(
+    deployment: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The second look: the same gate, on exactly the runs logged after its refusal, against the truth."""
+    since = deployment["twins"][150:]
+    for lam, passes in ((1.0, True), (0.1, False)):
+        d = {**deployment, "store": tmp_path / f"store-{lam}"}
+        seen = _keep(d["store"], d["candidate"], d["logs"], 149)
+        got = _retrain(d, lam, capsys, "--fit", "--dry-run")
+        look = got["second_look"]
+        assert look["judged_on"]["runs"] == 150 and look["judged_on"]["after"] == seen
+        assert (look["judged_on"]["first"], look["judged_on"]["last"]) == ("sim-21-150", "sim-21-299")
+        # the rule stops before the champion does: read from the log exactly, so the figure is the truth
+        truth = _truth(d["candidate"], since, lam) - _truth(d["champion"], since, lam)
+        assert look["estimates"]["candidate"]["support"]["exact"] == 150
+        assert look["difference"]["mean"] == pytest.approx(truth, abs=1e-9)
+        assert (look["winner"] == "candidate") is passes
+        lo, hi = look["difference"]["ci90"]
+        assert (lo > 0) if passes else (hi < 0)
+    # not judged again: found worse the first time, or its last run is gone from the log
+    d = {**deployment, "store": tmp_path / "store-worse"}
+    _keep(d["store"], d["candidate"], d["logs"], 149, {"mean": -0.08, "ci90": [-0.1, -0.06]})
+    got = _retrain(d, 1.0, capsys, "--fit", "--dry-run")
+    assert "found it worse" in got["second_look"]["skipped"] and "difference" not in got["second_look"]
+    ModelStore(d["store"]).keep_candidate(d["candidate"], seen_through="a-run-rotated-away")
+    got = _retrain(d, 1.0, capsys, "--fit", "--dry-run")
+    assert "no longer in the log" in got["second_look"]["skipped"]
+
+
+def test_a_refused_candidate_passing_its_second_look_is_promoted_before_a_tuned_heuristic(
+    deployment: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At λ 0.1 the fitted candidate is refused for support and a tuned heuristic passes: kept
+    from a first retrain (as a candidate refused before), that heuristic passes its second look
+    and is the one promoted, from the store's ``candidate/``."""
+    d = {**deployment, "store": tmp_path / "store"}
+    first = _retrain(d, 0.1, capsys, "--fit", "--dry-run")
+    assert first["estimates"]["candidate"]["enough"] is False and first["winner"] == "heuristic combination"
+    kept = tmp_path / "kept"
+    shutil.copytree(d["store"] / "work" / "heuristic", kept)
+    version = Policy.load(kept).model_version
+    _keep(d["store"], kept, d["logs"], 149)
+    got = _retrain(d, 0.1, capsys, "--fit")
+    assert got["promoted"] is True and got["winner"] == "kept candidate", got["reason"]
+    assert got["reason"].startswith(
+        f"the candidate refused last time ({version}), judged again on the 150 runs"
+    )
+    assert "heuristic combination is promoted" in got["reason"]  # what the held-out runs alone would do
+    assert got["difference"]["policy"] == "kept candidate" and got["difference"]["ci90"][0] > 0
+    assert got["promoted_policy"] == {"policy": "kept candidate", "version": version}
+    store = ModelStore(d["store"])
+    champion = store.champion()
+    assert champion is not None and champion.version == version
+    assert Policy.load(champion.path).model_version == version  # copied in before candidate/ was removed
+    assert store.kept_candidate() is None and not (d["store"] / "candidate.json").exists()
+    (promotion,) = store.history()
+    assert promotion["evidence"]["second_look"]["judged_on"]["runs"] == 150

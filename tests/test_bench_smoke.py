@@ -206,10 +206,17 @@ def test_learning_smoke(workdir: Path, tmp_path: Path) -> None:
     assert len(curve["rounds"]) == 2 and len(curve["retrains"]) == 2
     for r in curve["rounds"]:
         assert r["behavior"] <= r["optimum"] and math.isfinite(r["served"])
+    # the last champion re-ruled on more fresh runs: the first of them are the deployment's test set
+    final = _run("bench_learning.py", workdir / "learning", "--parts", "final")
+    (ruled,) = _measured(final, "finals")
+    assert ruled["champion"] == curve["final"]["champion"] and ruled["final"]["runs"] > ruled["test"]["runs"]
+    assert ruled["test"]["gap"] == pytest.approx(curve["final"]["gap_test"], abs=1e-12)
+    lo, hi = ruled["final"]["gap_ci90"]
+    assert lo <= ruled["final"]["gap"] <= hi
     cost = _run("bench_learning.py", workdir / "learning", "--parts", "cost")
     assert _measured(cost, "retrain_cost")["retrain_s"] > 0
-    parts = [tmp_path / "deploy.json", tmp_path / "cost.json"]
-    for path, doc in zip(parts, (deploy, cost), strict=True):
+    parts = [tmp_path / "deploy.json", tmp_path / "final.json", tmp_path / "cost.json"]
+    for path, doc in zip(parts, (deploy, final, cost), strict=True):
         path.write_text(json.dumps(doc))
     out = tmp_path / "both.json"
     proc = subprocess.run(
@@ -219,9 +226,12 @@ def test_learning_smoke(workdir: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     both = json.loads(out.read_text())
-    assert {"deployments", "retrain_cost", "p99"} <= set(both["data"])
+    assert {"deployments", "finals", "retrain_cost", "p99"} <= set(both["data"])
     assert "--parts deploy" in both["markdown"] and "--parts cost" in both["markdown"]
     assert len(both["targets"]) == len(deploy["targets"]) + len(cost["targets"])
+    # the gap target reads the re-ruled champions when they were measured
+    (reached,) = [t for t in both["targets"] if "behavior -> optimum gap" in t["name"]]
+    assert f"on {ruled['final']['runs']:,} fresh runs" in reached["measured"]
 
 
 @pytest.mark.slow

@@ -12,8 +12,12 @@ time; a stop cuts the run; every outcome posted, so the service logs the runs it
   the behavior's and the optimum's values on the same runs are the ruler. Per round: the
   served value, the champion's value without exploration on the same runs (what
   exploration cost), the gap closed; per retrain: the off-policy estimates of the
-  candidate against its true value on the held-out runs, and each promotion's true change
-  on a fixed test set of fresh runs.
+  candidate against its true value on the held-out runs (and of a refused candidate's
+  second look on the runs logged since), and each promotion's true change on a fixed test
+  set of fresh runs.
+- **Final champions, re-ruled** (``--parts final``, with the deploy run's ``--workdir``): each
+  deployment's last champion on 10,000 fresh runs (the first 2,000 are its test set), each
+  gap with a 90% bootstrap interval; the gap target reads these when they were measured.
 - **Real replays.** MINT, InterCode and SWE runs (``../shared/data``) replayed through the
   service (the default model, exploration on), 2,000 logged runs of one system (fewer
   where the set is smaller), one ``stopserve retrain``; then the champion it leaves and the

@@ -310,9 +310,12 @@ def deployment(topology: str, lam: float, size: dict[str, Any], work: Path, seed
     }
 
 
-def deploy_seed(size: dict[str, Any], topology: str, lam: float) -> int:
-    """The seed of one deployment (its rounds are ``seed + r``, its test runs ``seed + 999``)."""
-    return 25_000 + 100 * list(size["topologies"]).index(topology) + 10 * list(size["lams"]).index(lam)
+def deploy_seed(topology: str, lam: float) -> int:
+    """The seed of one deployment (its rounds are ``seed + r``, its test runs ``seed + 999``): by the
+    topology's and λ's place in the full size, so a run of some of them repeats those cells."""
+    lams = list(SIZES["full"]["lams"])
+    at = lams.index(lam) if lam in lams else len(lams)
+    return 25_000 + 100 * list(SIM_TOPOLOGIES).index(topology) + 10 * at
 
 
 def final_ruler(topology: str, lam: float, size: dict[str, Any], work: Path) -> dict[str, Any]:
@@ -330,7 +333,7 @@ def final_ruler(topology: str, lam: float, size: dict[str, Any], work: Path) -> 
     else:
         model = DEFAULT_MODEL  # never promoted: the shipped default served every round
     champion = Policy.load(model, engine=REPLAY_ENGINE)
-    seed = deploy_seed(size, topology, lam)
+    seed = deploy_seed(topology, lam)
     runs = list(
         simulate(size["final"], seed=seed + 999, topology=topology, run_to_cap=True, optimal_lambda=lam)
     )
@@ -773,7 +776,7 @@ def main() -> int:
         deployments = []
         for topology in size["topologies"]:
             for lam in size["lams"]:
-                seed = deploy_seed(size, topology, lam)
+                seed = deploy_seed(topology, lam)
                 deployments.append(deployment(topology, lam, size, work / f"deploy-{topology}-{lam:g}", seed))
                 data["deployments"] = deployments
                 _keep(work, data)

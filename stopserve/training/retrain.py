@@ -22,8 +22,7 @@ recently *started*, as the service logs when each run started), and:
    shadowed by the service, which explored where it would go on) a **second look**: the
    same gate on the runs logged since its refusal, which it has neither trained nor been
    judged on. When it passes and the fitted candidate does not, it is promoted, before a
-   tuned heuristic (not with ``--candidate``; not for a candidate its first look found
-   worse). A refused candidate replaces the kept one.
+   tuned heuristic (not with ``--candidate``). A refused candidate replaces the kept one.
 
 The promoted model is compiled here (into the inference cache the service reads), copied
 into the model store and becomes its champion; every
@@ -385,17 +384,16 @@ def _second_look(
 
     Those runs are new to it (neither trained nor judged on), and with exploration on the
     service explored where it would go on past the champion's stops, so they support the
-    figure its first look lacked. Not given to a candidate its first look found worse (the
-    upper end below 0). Returns the judgement (None: skipped) and its evidence.
+    figure its first look lacked. Given also to a candidate its first look found worse: those
+    runs are independent of the first look's, which can be wrong (on the deployment simulator a
+    candidate +0.016 better in truth read -0.0089 [-0.018, -0.0018] on its first).
+    Returns the judgement (None: skipped) and its evidence.
     """
     look: dict[str, Any] = {"candidate": {"path": str(kept.path)}, "first_look": kept.first_look}
-    first_ci = kept.first_look.get("ci90")
     if kept.seen_through is None:
         look["skipped"] = "it was kept without the runs its refusal saw: not judged again"
     elif split.since is None:
         look["skipped"] = f"the last run its refusal saw ({kept.seen_through}) is no longer in the log"
-    elif isinstance(first_ci, list) and len(first_ci) == 2 and float(first_ci[1]) < 0.0:
-        look["skipped"] = f"its first look found it worse (upper end {float(first_ci[1]):+.4f})"
     if "skipped" in look:
         return None, look
     assert split.since is not None

@@ -331,11 +331,12 @@ def test_a_refused_candidate_is_judged_again_on_the_runs_logged_since(
         assert (look["winner"] == "candidate") is passes
         lo, hi = look["difference"]["ci90"]
         assert (lo > 0) if passes else (hi < 0)
-    # not judged again: found worse the first time, or its last run is gone from the log
+    # found worse the first time, it is judged again all the same (on runs the first look never saw),
+    # and its first look is kept beside the second; not judged again when its last run is gone
     d = {**deployment, "store": tmp_path / "store-worse"}
     _keep(d["store"], d["candidate"], d["logs"], 149, {"mean": -0.08, "ci90": [-0.1, -0.06]})
     got = _retrain(d, 1.0, capsys, "--fit", "--dry-run")
-    assert "found it worse" in got["second_look"]["skipped"] and "difference" not in got["second_look"]
+    assert got["second_look"]["winner"] == "candidate" and got["second_look"]["first_look"]["mean"] == -0.08
     ModelStore(d["store"]).keep_candidate(d["candidate"], seen_through="a-run-rotated-away")
     got = _retrain(d, 1.0, capsys, "--fit", "--dry-run")
     assert "no longer in the log" in got["second_look"]["skipped"]

@@ -392,11 +392,10 @@ def _second_look(
     look: dict[str, Any] = {"candidate": {"path": str(kept.path)}, "first_look": kept.first_look}
     if kept.seen_through is None:
         look["skipped"] = "it was kept without the runs its refusal saw: not judged again"
-    elif split.since is None:
-        look["skipped"] = f"the last run its refusal saw ({kept.seen_through}) is no longer in the log"
-    if "skipped" in look:
         return None, look
-    assert split.since is not None
+    if split.since is None:
+        look["skipped"] = f"the last run its refusal saw ({kept.seen_through}) is no longer in the log"
+        return None, look
     policy = Policy.load(kept.path, engine=REPLAY_ENGINE)
     look["candidate"]["version"] = policy.model_version
     verdict = judge(

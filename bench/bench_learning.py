@@ -52,6 +52,7 @@ import httpx
 from servers import LiveServer
 
 from stopserve.features import RunState
+from stopserve.model_store import ModelStore
 from stopserve.policy import Policy
 from stopserve.trace import Trace, is_decision_point
 from stopserve.training.deploy import drive, end_value, prefix_values, run_cost
@@ -325,14 +326,9 @@ def final_ruler(topology: str, lam: float, size: dict[str, Any], work: Path) -> 
     are given, each with a 90% bootstrap interval over runs: on a gap of a few hundredths of a
     success the test set's ruler moves by several points.
     """
-    store = work / "logs" / "models"
-    pointer = store / "champion.json"
-    if pointer.exists():
-        rel = Path(json.loads(pointer.read_text())["path"])
-        model = rel if rel.is_absolute() else store / rel
-    else:
-        model = DEFAULT_MODEL  # never promoted: the shipped default served every round
-    champion = Policy.load(model, engine=REPLAY_ENGINE)
+    promoted = ModelStore(work / "logs" / "models").champion()
+    # never promoted: the shipped default served every round
+    champion = Policy.load(promoted.path if promoted else DEFAULT_MODEL, engine=REPLAY_ENGINE)
     seed = deploy_seed(topology, lam)
     runs = list(
         simulate(size["final"], seed=seed + 999, topology=topology, run_to_cap=True, optimal_lambda=lam)
@@ -384,8 +380,13 @@ def _judge_retrain(
         return out
     logged = _logged(logs)
     look = evidence.get("second_look") or {}
+    # the runs logged since the refused candidate's refusal, in the log's order, as the retrain took them
+    since = (
+        [twins[t["trace_id"]] for t in logged[len(logged) - int(look["judged_on"]["runs"]) :]]
+        if "difference" in look
+        else []
+    )
     if "difference" in look and kept is not None:  # the refused candidate judged again on the runs since
-        since = [twins[t["trace_id"]] for t in logged[len(logged) - int(look["judged_on"]["runs"]) :]]
         kept_policy = Policy.load(kept, engine=REPLAY_ENGINE)
         out["second_look"] = {
             "dr": look["difference"]["mean"],
@@ -405,7 +406,7 @@ def _judge_retrain(
     candidate_dir = Path(record["path"]) if record["kind"] == "promotion" else Path(record["candidate"])
     candidate = Policy.load(candidate_dir, engine=REPLAY_ENGINE)
     if kept_won:
-        held = [twins[t["trace_id"]] for t in logged[len(logged) - int(look["judged_on"]["runs"]) :]]
+        held = since
     else:
         n_hold = int(evidence["judged_on"]["runs"])
         order, _ = recency_order([t.get("metrics") or {} for t in logged])  # as the retrain split them

@@ -518,7 +518,12 @@ def judge(
     """
     heuristics = dict(heuristics or {})
     policies: dict[str, Policy] = {"candidate": candidate, "champion": champion, **heuristics}
-    model = candidate if candidate.inference is not None else champion if champion.inference else None
+    # each model's own value of going on is its DR model part; a tuned heuristic has none, and another
+    # policy's (the candidate's) is the value of going on as *that* policy would: on runs where the
+    # heuristic goes on past the champion's stop unexplored it read the candidate's optimism as the
+    # heuristic's (a turn cap promoted at +0.031, truth -0.002). Without one, going on is worth what
+    # stopping there is, and only the explored runs move its figure.
+    model = None
     ev = evaluate_logged_runs(
         policies,
         [held],

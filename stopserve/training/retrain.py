@@ -435,7 +435,6 @@ def evaluate_logged_runs(
     *,
     lam: float,
     objective: Mapping[str, float],
-    model: Policy | None = None,
     cost_unit: str | None = None,
     labels_from_rewards: bool = False,
     group_by: str = "task",
@@ -446,7 +445,7 @@ def evaluate_logged_runs(
 
     Every policy decides through its own ``decide`` with ``objective`` (``lam`` or
     ``cost_share``, as the service is asked); values are ``q − lam·c``; intervals resample
-    whole ``group_by`` groups. ``model``: the DR model part of a policy without boosters.
+    whole ``group_by`` groups; a policy's DR model part is its own (none for a tuned heuristic).
     """
     source = TraceSource(list(paths))
     dp = build_decision_points(
@@ -465,7 +464,6 @@ def evaluate_logged_runs(
         dp,
         {n: stops[j] for j, n in enumerate(order)},
         lam=lam,
-        model=model,
         groups=dp.group,
         n_boot=n_boot,
         seed=seed,
@@ -518,18 +516,11 @@ def judge(
     """
     heuristics = dict(heuristics or {})
     policies: dict[str, Policy] = {"candidate": candidate, "champion": champion, **heuristics}
-    # each model's own value of going on is its DR model part; a tuned heuristic has none, and another
-    # policy's (the candidate's) is the value of going on as *that* policy would: on runs where the
-    # heuristic goes on past the champion's stop unexplored it read the candidate's optimism as the
-    # heuristic's (a turn cap promoted at +0.031, truth -0.002). Without one, going on is worth what
-    # stopping there is, and only the explored runs move its figure.
-    model = None
     ev = evaluate_logged_runs(
         policies,
         [held],
         lam=lam,
         objective=objective,
-        model=model,
         cost_unit=cost_unit,
         labels_from_rewards=labels_from_rewards,
         group_by=group_by,
@@ -708,7 +699,6 @@ def logged_command(args: argparse.Namespace) -> int:
         paths,
         lam=lam,
         objective=objective,
-        model=policy if policy.inference is not None else None,
         cost_unit=dp.cost_unit,
         labels_from_rewards=labels,
         group_by=args.group_by,

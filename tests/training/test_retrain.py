@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from logged_runs import explored_stops, serve, true_value
+from service._service_models import tiny_model
 
 from stopserve.artifacts import save_model_dir
 from stopserve.cli import main as cli
@@ -258,6 +259,28 @@ def test_a_tuned_heuristic_that_beats_champion_and_candidate_is_the_one_promoted
     assert (
         not worse.promoted and "no tuned heuristic is better either (the best, heuristic late" in worse.reason
     )
+
+
+def test_a_tuned_heuristics_figure_is_its_own_whichever_candidate_is_judged_beside_it(
+    deployment: dict[str, Any], tmp_path: Path
+) -> None:
+    """A heuristic has no value of going on of its own: it borrows none (a candidate's is that model's).
+
+    On the runs where it goes on past an unexplored stop its DR figure counts what stopping
+    there is worth, so a candidate sure that going on pays (or sure it does not) moves it not at all.
+    """
+    held = _held(deployment, tmp_path)
+    champion = Policy.load(deployment["champion"])
+    late = {"heuristic late": Policy.load(rule_dir(tmp_path / "late", "rule-0.95", 0.95))}
+    kw: dict[str, Any] = {"lam": 0.1, "objective": {"lam": 0.1}, "n_boot": 200, "cost_unit": "ktokens"}
+    figures = {}
+    for sure, bias in (("goes on", -1.0), ("stops", 1.0)):
+        candidate = Policy.load(tiny_model(tmp_path / sure, f"tiny-{bias}", stop_bias=bias))
+        got = judge(candidate, champion, held, heuristics=late, heuristics_compete=True, **kw)
+        figures[sure] = got.evidence["estimates"]["heuristic late"]
+    assert figures["goes on"]["support"]["zeroed"] > 20  # it goes on past many stops nothing explored
+    assert figures["goes on"]["dr"] == figures["stops"]["dr"]
+    assert figures["goes on"]["dr_ci90"] == figures["stops"]["dr_ci90"]
 
 
 def test_a_promoted_heuristic_is_served_as_it_was_judged(deployment: dict[str, Any], tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ from stopserve.training.labels import DecisionPoints, FloatArray, IntArray
 
 __all__ = [
     "MAX_UNSUPPORTED",
+    "MIN_ESS_SHARE",
     "MIN_RUNS",
     "MIN_WEIGHTED",
     "Estimate",
@@ -71,6 +72,13 @@ MAX_UNSUPPORTED: Final = 0.05
 #: 10: on the deployment simulator every figure it refused with its lower end above 0 (9 of 9) was
 #: right about the truth (bench/NOTES.md); 5 admits those with 5 to 9 explored runs.
 MIN_WEIGHTED: Final = 5
+#: ... and an effective sample size (Kish's, of the IS weights over all runs) of at least this share
+#: of the runs: a few explored runs weighted by 1/ε each, standing for many zeroed ones, give a
+#: bootstrap interval far narrower than the estimate's error. On the deployment simulator the three
+#: promotions whose truth was below the champion's by more than their estimate's lower end had 2.1%,
+#: 2.6% and 4.2% (never-stop and turn-cap rules going on past 84% to 97% of the logged stops); every
+#: promotion that was right in truth had at least 14% (bench/NOTES.md).
+MIN_ESS_SHARE: Final = 0.10
 N_BOOT: Final = 1000
 #: Quantiles of the reported intervals (a 90% interval; its lower end is the promotion gate's bound).
 LOWER: Final = 0.05
@@ -209,18 +217,28 @@ class Estimate:
         }
 
 
-def _support_verdict(n: int, exact: int, weighted: int, zeroed: int, unsupported: int) -> str | None:
+def _support_verdict(
+    n: int, exact: int, weighted: int, zeroed: int, unsupported: int, *, ess: float | None = None
+) -> str | None:
     """Why the runs are too few to support a figure, or None when they are enough.
 
     A figure rests on the model alone on its unsupported runs, and on its zeroed runs too
     when fewer than :data:`MIN_WEIGHTED` explored runs stand in for them; at most
-    :data:`MAX_UNSUPPORTED` of the runs may.
+    :data:`MAX_UNSUPPORTED` of the runs may. Its weights' effective sample size ``ess``
+    (None: all runs count fully) must be at least :data:`MIN_ESS_SHARE` of the runs.
     """
     if n < MIN_RUNS:
         return f"{n} logged runs: at least {MIN_RUNS} are needed for a figure"
     alone = unsupported + (zeroed if weighted < MIN_WEIGHTED else 0)
     if alone <= MAX_UNSUPPORTED * n:
-        return None
+        if ess is None or ess >= MIN_ESS_SHARE * n:
+            return None
+        return (
+            f"the policy goes on past the logged stop on {weighted + zeroed + unsupported} of {n} runs, and "
+            f"the {weighted} explored runs that show what follows weigh as {ess:.0f} runs (an effective "
+            f"sample size of at least {MIN_ESS_SHARE:.0%} of the runs is needed): log more runs with "
+            "exploration"
+        )
     if unsupported > MAX_UNSUPPORTED * n:
         return (
             f"on {unsupported} of {n} runs the policy goes on past a stop no exploration could undo (a "
@@ -326,7 +344,7 @@ def evaluate_logged(
         counts = {s: int((rv.support == s).sum()) for s in ("exact", "weighted", "zeroed", "unsupported")}
         w = rv.weight
         ess = float(w.sum() ** 2 / (w**2).sum()) if (w**2).sum() > 0 else 0.0
-        why = _support_verdict(dp.n_traces, **counts)
+        why = _support_verdict(dp.n_traces, **counts, ess=ess)
         estimates[name] = Estimate(
             name=name,
             ips=float(rv.ips.mean()),

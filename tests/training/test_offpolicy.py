@@ -25,6 +25,7 @@ from stopserve.training.heuristics import HeuristicRule, TunedHeuristic
 from stopserve.training.labels import build_decision_points
 from stopserve.training.offpolicy import (
     MAX_UNSUPPORTED,
+    MIN_ESS_SHARE,
     MIN_RUNS,
     MIN_WEIGHTED,
     LoggedEvaluation,
@@ -146,6 +147,35 @@ def test_intervals_cover_the_truth_on_sampled_logs() -> None:
     assert all(c >= 0.75 * reps for c in covered.values()), covered
 
 
+def test_a_figure_resting_on_a_few_heavy_weights_is_not_supported() -> None:
+    """Never stopping needs every later stop explored too: a handful of runs weighted by the
+    product of 1/propensity stand for the rest, and their bootstrap says far less than it seems."""
+    twins = list(simulate(300, seed=21, topology="centralized", run_to_cap=True, optimal_lambda=LAM))
+    rng = random.Random(0)
+    logged = [
+        serve(LOGGER, t, lam=LAM, epsilon=0.5, rho=0.8, explore=explored_stops(rng, 0.5, 0.8)).trace
+        for t in twins
+    ]
+    traces = [Trace.model_validate(t) for t in logged]
+    dp = build_decision_points(traces, cost_unit="ktokens")
+    policies = {"never": TARGETS["never"], "turn cap": TARGETS["turn cap"]}
+    stops = replay_decide(traces, dp, lambda _: list(policies.values()), lam=LAM)
+    ev = evaluate_logged(policies, dp, {n: stops[j] for j, n in enumerate(policies)}, lam=LAM)
+    never = ev.estimates["never"]
+    truth = np.mean([true_value(TARGETS["never"], t, lam=LAM) for t in twins])
+    # enough explored runs by count, none resting on a model alone: only their weights' spread says no
+    assert never.weighted >= MIN_WEIGHTED and never.unsupported == 0
+    assert never.ess < MIN_ESS_SHARE * never.n_runs and not never.enough
+    assert "weigh as" in (never.why or "")
+    lo, hi = never.dr_ci90
+    assert not lo <= truth <= hi, (never.dr, never.dr_ci90, truth)  # the interval it would have given misses
+    # a policy going on past as many logged stops, but not as far, is judged on the same runs
+    cap = ev.estimates["turn cap"]
+    cap_truth = np.mean([true_value(TARGETS["turn cap"], t, lam=LAM) for t in twins])
+    assert cap.weighted >= never.weighted and cap.ess >= MIN_ESS_SHARE * cap.n_runs and cap.enough
+    assert cap.dr_ci90[0] <= cap_truth <= cap.dr_ci90[1]
+
+
 def test_a_paired_difference_reads_both_policies_on_the_same_runs(twins: list[dict[str, Any]]) -> None:
     logged = [serve(LOGGER, t, lam=LAM, epsilon=EPS, rho=RHO, explore=0).trace for t in twins * 3]
     for k, t in enumerate(logged):
@@ -160,17 +190,22 @@ def test_a_paired_difference_reads_both_policies_on_the_same_runs(twins: list[di
 
 
 @pytest.mark.parametrize(
-    ("counts", "says"),
+    ("counts", "ess", "says"),
     [
-        ((MIN_RUNS - 1, MIN_RUNS - 1, 0, 0, 0), "at least"),
-        ((100, 80, 0, 0, 20), "no exploration could undo"),
-        ((100, 80, MIN_WEIGHTED - 1, 11, 0), "explored runs show what follows"),
-        ((100, 60, MIN_WEIGHTED, 30, 0), None),
-        ((100, 95, 0, 5, 0), None),  # 5% resting on the model alone: allowed
+        ((MIN_RUNS - 1, MIN_RUNS - 1, 0, 0, 0), None, "at least"),
+        ((100, 80, 0, 0, 20), None, "no exploration could undo"),
+        ((100, 80, MIN_WEIGHTED - 1, 11, 0), None, "explored runs show what follows"),
+        ((100, 60, MIN_WEIGHTED, 30, 0), None, None),
+        ((100, 95, 0, 5, 0), None, None),  # 5% resting on the model alone: allowed
+        # a few explored runs standing for most of the others: their weights' effective size decides
+        ((100, 10, MIN_WEIGHTED, 85, 0), MIN_ESS_SHARE * 100 - 1, "weigh as 9 runs"),
+        ((100, 10, MIN_WEIGHTED, 85, 0), MIN_ESS_SHARE * 100, None),
     ],
 )
-def test_when_too_few_runs_support_a_figure(counts: tuple[int, int, int, int, int], says: str | None) -> None:
-    why = support_verdict(*counts)
+def test_when_too_few_runs_support_a_figure(
+    counts: tuple[int, int, int, int, int], ess: float | None, says: str | None
+) -> None:
+    why = support_verdict(*counts, ess=ess)
     assert (why is None) if says is None else (why is not None and says in why)
 
 

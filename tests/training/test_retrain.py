@@ -45,11 +45,9 @@ def rule_dir(out: Path, version: str, threshold: float) -> Path:
     return save_model_dir(out, {**rule.manifest(), "model_version": version})
 
 
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A log of N_RUNS runs served by the champion (threshold 0.5) with exploration, and a candidate."""
-    root = tmp_path_factory.mktemp("retrain")
-    champion = rule_dir(root / "champion", "rule-0.5", 0.5)
+def _deploy(root: Path, threshold: float, epsilon: float, rho: float) -> dict[str, Any]:
+    """A log of N_RUNS runs served by a champion (stop at ``threshold``) with exploration, and a candidate."""
+    champion = rule_dir(root / "champion", f"rule-{threshold}", threshold)
     candidate = rule_dir(root / "candidate", "rule-0.2", 0.2)
     twins = list(simulate(N_RUNS, seed=21, topology="centralized", run_to_cap=True, optimal_lambda=0.1))
     served = Policy.load(champion)
@@ -58,11 +56,25 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     logs.mkdir()
     with (logs / "traces.jsonl").open("w") as fh:
         for twin in twins:
-            explore = explored_stops(rng, EPS, RHO)
-            logged = serve(served, twin, lam=0.1, epsilon=EPS, rho=RHO, explore=explore)
+            explore = explored_stops(rng, epsilon, rho)
+            logged = serve(served, twin, lam=0.1, epsilon=epsilon, rho=rho, explore=explore)
             fh.write(json.dumps(logged.trace) + "\n")
     held = twins[N_RUNS - math.ceil(HOLDOUT * N_RUNS) :]
     return {"logs": logs, "champion": champion, "candidate": candidate, "held": held, "twins": twins}
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The champion stops at reward 0.5, and explores with ``EPS`` and ``RHO``."""
+    return _deploy(tmp_path_factory.mktemp("retrain"), 0.5, EPS, RHO)
+
+
+@pytest.fixture(scope="module")
+def explored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A champion stopping early (reward 0.2) that explores every stop it makes, going on at the next
+    with probability 0.9: enough runs show what follows for a tuned rule that goes on further to be
+    judged at λ 0.1 (never stopping, or a fitted candidate that nearly never does, are not)."""
+    return _deploy(tmp_path_factory.mktemp("explored"), 0.2, 1.0, 0.9)
 
 
 def _truth(model: Path, twins: list[dict[str, Any]], lam: float) -> float:
@@ -366,14 +378,14 @@ def test_a_refused_candidate_is_judged_again_on_the_runs_logged_since(
 
 
 def test_a_refused_candidate_passing_its_second_look_is_promoted_before_a_tuned_heuristic(
-    deployment: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    explored: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """At λ 0.1 the fitted candidate is refused for support and a tuned heuristic passes: kept
     from a first retrain (as a candidate refused before), that heuristic passes its second look
     and is the one promoted, from the store's ``candidate/``."""
-    d = {**deployment, "store": tmp_path / "store"}
+    d = {**explored, "store": tmp_path / "store"}
     first = _retrain(d, 0.1, capsys, "--fit", "--dry-run")
-    assert first["estimates"]["candidate"]["enough"] is False and first["winner"] == "heuristic combination"
+    assert first["estimates"]["candidate"]["enough"] is False and first["winner"] == "heuristic turn_cap"
     kept = tmp_path / "kept"
     shutil.copytree(d["store"] / "work" / "heuristic", kept)
     version = Policy.load(kept).model_version
@@ -383,7 +395,7 @@ def test_a_refused_candidate_passing_its_second_look_is_promoted_before_a_tuned_
     assert got["reason"].startswith(
         f"the candidate refused last time ({version}), judged again on the 150 runs"
     )
-    assert "heuristic combination is promoted" in got["reason"]  # what the held-out runs alone would do
+    assert "heuristic turn_cap is promoted" in got["reason"]  # what the held-out runs alone would do
     assert got["difference"]["policy"] == "kept candidate" and got["difference"]["ci90"][0] > 0
     assert got["promoted_policy"] == {"policy": "kept candidate", "version": version}
     store = ModelStore(d["store"])

@@ -198,7 +198,7 @@ def test_a_paired_difference_reads_both_policies_on_the_same_runs(twins: list[di
         ((100, 60, MIN_WEIGHTED, 30, 0), None, None),
         ((100, 95, 0, 5, 0), None, None),  # 5% resting on the model alone: allowed
         # a few explored runs standing for most of the others: their weights' effective size decides
-        ((100, 10, MIN_WEIGHTED, 85, 0), MIN_ESS_SHARE * 100 - 1, "weigh as 9 runs"),
+        ((100, 10, MIN_WEIGHTED, 85, 0), MIN_ESS_SHARE * 100 - 1, "weigh as 5 runs"),
         ((100, 10, MIN_WEIGHTED, 85, 0), MIN_ESS_SHARE * 100, None),
     ],
 )

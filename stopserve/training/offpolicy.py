@@ -235,9 +235,9 @@ def _support_verdict(
             return None
         return (
             f"the policy goes on past the logged stop on {weighted + zeroed + unsupported} of {n} runs, and "
-            f"the {weighted} explored runs that show what follows weigh as {ess:.0f} runs (an effective "
-            f"sample size of at least {MIN_ESS_SHARE:.0%} of the runs is needed): log more runs with "
-            "exploration"
+            f"the {weighted} explored runs that show what follows are weighted so unevenly that the figure "
+            f"counts as {ess:.0f} runs (an effective sample size of at least {MIN_ESS_SHARE:.0%} of the runs "
+            "is needed): log more runs with exploration"
         )
     if unsupported > MAX_UNSUPPORTED * n:
         return (

@@ -166,7 +166,7 @@ def test_a_figure_resting_on_a_few_heavy_weights_is_not_supported() -> None:
     # enough explored runs by count, none resting on a model alone: only their weights' spread says no
     assert never.weighted >= MIN_WEIGHTED and never.unsupported == 0
     assert never.ess < MIN_ESS_SHARE * never.n_runs and not never.enough
-    assert "weigh as" in (never.why or "")
+    assert "weighted so unevenly" in (never.why or "")
     lo, hi = never.dr_ci90
     assert not lo <= truth <= hi, (never.dr, never.dr_ci90, truth)  # the interval it would have given misses
     # a policy going on past as many logged stops, but not as far, is judged on the same runs
@@ -198,7 +198,7 @@ def test_a_paired_difference_reads_both_policies_on_the_same_runs(twins: list[di
         ((100, 60, MIN_WEIGHTED, 30, 0), None, None),
         ((100, 95, 0, 5, 0), None, None),  # 5% resting on the model alone: allowed
         # a few explored runs standing for most of the others: their weights' effective size decides
-        ((100, 10, MIN_WEIGHTED, 85, 0), MIN_ESS_SHARE * 100 - 1, "weigh as 5 runs"),
+        ((100, 10, MIN_WEIGHTED, 85, 0), MIN_ESS_SHARE * 100 - 1, "counts as 5 runs"),
         ((100, 10, MIN_WEIGHTED, 85, 0), MIN_ESS_SHARE * 100, None),
     ],
 )

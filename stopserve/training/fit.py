@@ -161,8 +161,24 @@ def _inner_split(groups: npt.NDArray[np.str_], rng: np.random.Generator) -> Bool
     return np.asarray([g in chosen for g in groups], dtype=bool)
 
 
-def _next_stop_value(dp: DecisionPoints, stop: BoolArray, lam: float) -> FloatArray:
-    """For each row t: ``q_j − λ·c_j`` at the rule's first stop j > t in the trace, else the logged end."""
+def cut_rows(dp: DecisionPoints) -> BoolArray:
+    """Rows where the logging policy stopped the run and it ended there (a service's stop).
+
+    Such a row shows what stopping there hands back, and nothing of going on: what the run
+    had gained past it is not in the log.
+    """
+    return dp.logged_stop & dp.is_last
+
+
+def _next_stop_value(
+    dp: DecisionPoints, stop: BoolArray, lam: float, beyond: FloatArray | None = None
+) -> FloatArray:
+    """For each row t: ``q_j − λ·c_j`` at the rule's first stop j > t in the trace, else the logged end.
+
+    ``beyond`` (per row, read at each trace's last row; NaN: none) is what going on past a
+    logged end is worth where the log has no more of the run: a run the logging policy cut
+    that the rule would not have stopped there. Without it, the logged end.
+    """
     n = dp.n_rows
     idx = np.arange(n, dtype=np.int64)
     trace_end = dp.offsets[1:][dp.trace_idx]
@@ -174,7 +190,11 @@ def _next_stop_value(dp: DecisionPoints, stop: BoolArray, lam: float) -> FloatAr
     after = np.where(dp.is_last | (after >= trace_end), trace_end, after)
     stopped = after < trace_end
     j = np.where(stopped, after, 0)
-    return np.where(stopped, dp.q[j] - lam * dp.c[j], dp.q_final - lam * dp.c_final)
+    end = dp.q_final - lam * dp.c_final
+    if beyond is not None:
+        tail = beyond[dp.offsets[1:] - 1][dp.trace_idx]
+        end = np.where(np.isnan(tail), end, tail)
+    return np.where(stopped, dp.q[j] - lam * dp.c[j], end)
 
 
 def k_target(dp: DecisionPoints) -> FloatArray:
@@ -244,9 +264,16 @@ class _Target:
 
 
 def _targets(dp: DecisionPoints, uncensored: BoolArray | None = None) -> dict[str, _Target]:
-    """The boosters' targets; ``uncensored`` (rows) limits G to runs that ended on their own."""
+    """The boosters' targets; ``uncensored`` (rows) limits G to runs that ended on their own.
+
+    G (and C, which learns from G's rows) is the value of going on: a row where the logging
+    policy stopped the run (:func:`cut_rows`) did not go on, and teaches neither; its "gain of
+    0" would teach a retrain that runs like it end there, whatever going on would have given.
+    """
+    went_on = ~cut_rows(dp)
+    rows = went_on if uncensored is None else uncensored & went_on
     return {
-        "g": _Target("g", dp.q_final - dp.q, "regression", rows=uncensored),
+        "g": _Target("g", dp.q_final - dp.q, "regression", rows=None if rows.all() else rows),
         "k": _Target("k", k_target(dp), "regression"),
         # the outcome filled in at a run's own end is not what an early stop hands back: S learns
         # from the qualities a stop can take (grades, rewards), not from where the run ended anyway
@@ -805,8 +832,10 @@ class PolicyLearner:
         fires = self._fold_fires(st)
         stall = self._stall(st)
         stop_rule = np.zeros(dp.n_rows, dtype=bool)  # pass 0: the later rule is "continue as logged"
+        cut = cut_rows(dp)
+        beyond: FloatArray | None = None
         for p in range(OPTIMAL_PASSES):
-            y = _next_stop_value(dp, stop_rule, st.lam_value) + st.lam_value * dp.c
+            y = _next_stop_value(dp, stop_rule, st.lam_value, beyond) + st.lam_value * dp.c
             st.c_target = _Target("c", y, "regression", rows=st.targets["g"].rows)
             self._cross_fit(st, st.c_target)
             v_opt = self._v(st, "optimal", st.oof, slice(None))
@@ -831,6 +860,12 @@ class PolicyLearner:
                 overrules=st.overrules,
                 stall=stall,
             )
+            if cut.any():
+                # where the logging policy cut a run and the fitted rule would go on, the log ends
+                # before the rule's stop: going on is worth what C, fitted on runs that did go on
+                # past such states (explored ones), says (fitted Q iteration), not the logged stop
+                c_hat = st.oof["c"] - st.lam_value * dp.c
+                beyond = np.where(cut & ~stop_rule, c_hat, np.nan)
             if self.log is not None:
                 self.log(f"optimal pass {p + 1}/{OPTIMAL_PASSES}: gain {tuned.gain:.4g}")
 

@@ -18,7 +18,7 @@ from stopserve.errors import TrainingError
 from stopserve.policy import Policy
 from stopserve.trace import Trace, write_traces
 from stopserve.training.evaluate import evaluate
-from stopserve.training.fit import PolicyLearner, _ipw, _next_stop_value, k_target
+from stopserve.training.fit import PolicyLearner, _ipw, _next_stop_value, _targets, cut_rows, k_target
 from stopserve.training.heuristics import replay
 from stopserve.training.labels import build_decision_points
 
@@ -306,3 +306,76 @@ def test_the_optimal_methods_later_rule_on_a_folds_rows_is_that_folds_own(traces
         mine = row_fold == f
         for kind in ("loop", "quality", "rule", "proposed"):
             np.testing.assert_array_equal(getattr(fires, kind)[mine], getattr(own, kind)[mine])
+
+
+def _cut_log(n: int = 200, every: int = 5) -> list[Trace]:
+    """Runs a logging policy stopped at step 3 (quality 0.2), but one in ``every``, explored at
+    propensity 1/every, which went on to step 6 and quality 1.0, as the service logs them."""
+    grades = [0.1, 0.15, 0.2, 0.5, 0.8, 1.0]
+    out: list[Trace] = []
+    for i in range(n):
+        explored = i % every == 0
+        steps = 6 if explored else 3
+        raw = step_trace(
+            f"r{i}", f"task{i}", steps, tokens=100, usd=None, grades=grades[:steps], team=grades[steps - 1],
+            final_stop=explored,
+        ).model_dump(mode="json", exclude_none=True)  # fmt: skip
+        for ev in raw["events"]:
+            if ev["type"] == "return":
+                at_cut = ev["id"] == "r2"
+                ev["decision"] = (
+                    {"action": "continue", "propensity": 1.0 / every}
+                    if at_cut and explored
+                    else {"action": "stop", "propensity": 1.0 - 1.0 / every}
+                    if at_cut
+                    else {"action": "continue", "propensity": 1.0}
+                )
+        if not explored:
+            raw["stop"] = {"reason": "no_progress", "by": "service"}
+        out.append(Trace.model_validate(raw))
+    return out
+
+
+def test_a_row_where_the_logging_policy_cut_the_run_teaches_nothing_of_going_on() -> None:
+    dp = build_decision_points(_cut_log(20), cost_unit="ktokens")
+    cut = cut_rows(dp)
+    assert cut.sum() == 16  # every run but the explored ones, at its last row
+    rows = _targets(dp)["g"].rows
+    assert rows is not None and not rows[cut].any() and rows[~cut].all()
+    # traces no service decided on: every row teaches G
+    assert _targets(build_decision_points(synth_traces(10)))["g"].rows is None
+
+
+def test_next_stop_value_goes_on_past_a_cut_run_at_the_value_given() -> None:
+    dp = build_decision_points(_cut_log(10), cost_unit="ktokens")
+    cut = cut_rows(dp)
+    no_stop = np.zeros(dp.n_rows, dtype=bool)
+    beyond = np.where(cut, 0.9, np.nan)
+    got = _next_stop_value(dp, no_stop, 0.1, beyond)
+    plain = _next_stop_value(dp, no_stop, 0.1)
+    cut_trace = cut[dp.offsets[1:] - 1][dp.trace_idx]
+    np.testing.assert_allclose(got[cut_trace], 0.9)
+    np.testing.assert_allclose(got[~cut_trace], plain[~cut_trace])
+    # where the rule stops at the cut row, what stopping there gave
+    at_cut = _next_stop_value(dp, cut, 0.1, beyond)
+    last = dp.offsets[1:][dp.trace_idx] - 1
+    before = cut_trace & ~cut
+    np.testing.assert_allclose(at_cut[before], (dp.q - 0.1 * dp.c)[last[before]])
+
+
+def test_a_retrain_learns_what_going_on_past_the_logged_stops_is_worth() -> None:
+    """Four runs in five were cut at quality 0.2, the explored fifth went on to 1.0: going on is
+    worth about 1.0 there (C, the fitted backward induction's value of going on), not the IPW mix
+    of "the run ended here" and "it went on" (about 0.6, what the cut rows taught before)."""
+    from stopserve.training.fit import TraceSource
+
+    learner = PolicyLearner(lam=0.1, method="optimal", min_turns=1, **FAST)
+    learner._check_params()
+    st = learner._prepare(TraceSource(_cut_log(200)), "ktokens", False, "task")
+    for name in ("g", "k", "s"):
+        learner._cross_fit(st, st.targets[name])
+    learner._heuristics(st)
+    learner._fit_optimal(st)
+    cut = cut_rows(st.dp)
+    assert cut.sum() == 160
+    assert float(st.oof["c"][cut].mean()) > 0.9

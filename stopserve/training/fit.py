@@ -161,15 +161,6 @@ def _inner_split(groups: npt.NDArray[np.str_], rng: np.random.Generator) -> Bool
     return np.asarray([g in chosen for g in groups], dtype=bool)
 
 
-def cut_rows(dp: DecisionPoints) -> BoolArray:
-    """Rows where the logging policy stopped the run and it ended there (a service's stop).
-
-    Such a row shows what stopping there hands back, and nothing of going on: what the run
-    had gained past it is not in the log.
-    """
-    return dp.logged_stop & dp.is_last
-
-
 def _next_stop_value(
     dp: DecisionPoints, stop: BoolArray, lam: float, beyond: FloatArray | None = None
 ) -> FloatArray:
@@ -267,10 +258,10 @@ def _targets(dp: DecisionPoints, uncensored: BoolArray | None = None) -> dict[st
     """The boosters' targets; ``uncensored`` (rows) limits G to runs that ended on their own.
 
     G (and C, which learns from G's rows) is the value of going on: a row where the logging
-    policy stopped the run (:func:`cut_rows`) did not go on, and teaches neither; its "gain of
+    policy stopped the run (``DecisionPoints.cut``) did not go on, and teaches neither; its "gain of
     0" would teach a retrain that runs like it end there, whatever going on would have given.
     """
-    went_on = ~cut_rows(dp)
+    went_on = ~dp.cut
     rows = went_on if uncensored is None else uncensored & went_on
     return {
         "g": _Target("g", dp.q_final - dp.q, "regression", rows=None if rows.all() else rows),
@@ -832,7 +823,7 @@ class PolicyLearner:
         fires = self._fold_fires(st)
         stall = self._stall(st)
         stop_rule = np.zeros(dp.n_rows, dtype=bool)  # pass 0: the later rule is "continue as logged"
-        cut = cut_rows(dp)
+        cut = dp.cut
         beyond: FloatArray | None = None
         for p in range(OPTIMAL_PASSES):
             y = _next_stop_value(dp, stop_rule, st.lam_value, beyond) + st.lam_value * dp.c

@@ -140,6 +140,15 @@ class DecisionPoints:
         return int(self.q.shape[0])
 
     @property
+    def cut(self) -> BoolArray:
+        """Rows where the logging policy stopped the run and it ended there (a service's stop).
+
+        Such a row shows what stopping there hands back, and nothing of going on: what the run
+        would have gained past it is not in the log.
+        """
+        return self.logged_stop & self.is_last
+
+    @property
     def n_traces(self) -> int:
         """Number of traces."""
         return int(self.offsets.shape[0] - 1)

@@ -96,7 +96,7 @@ def continue_propensity(dp: DecisionPoints) -> tuple[FloatArray, FloatArray]:
     decision asked: probability 1; an explored continue: its propensity). Where it stopped,
     the probability it would have gone on is ``1 − propensity``: 0 for a stop nothing explores.
     """
-    stopped = dp.logged_stop & dp.is_last
+    stopped = dp.cut
     went_on = (~stopped).astype(np.float64)
     p = np.clip(dp.propensity, 0.0, 1.0)
     mu = np.where(stopped, 1.0 - p, np.where(dp.logged_stop, 1.0, p))

@@ -18,7 +18,7 @@ from stopserve.errors import TrainingError
 from stopserve.policy import Policy
 from stopserve.trace import Trace, write_traces
 from stopserve.training.evaluate import evaluate
-from stopserve.training.fit import PolicyLearner, _ipw, _next_stop_value, _targets, cut_rows, k_target
+from stopserve.training.fit import PolicyLearner, _ipw, _next_stop_value, _targets, k_target
 from stopserve.training.heuristics import replay
 from stopserve.training.labels import build_decision_points
 
@@ -338,7 +338,7 @@ def _cut_log(n: int = 200, every: int = 5) -> list[Trace]:
 
 def test_a_row_where_the_logging_policy_cut_the_run_teaches_nothing_of_going_on() -> None:
     dp = build_decision_points(_cut_log(20), cost_unit="ktokens")
-    cut = cut_rows(dp)
+    cut = dp.cut
     assert cut.sum() == 16  # every run but the explored ones, at its last row
     rows = _targets(dp)["g"].rows
     assert rows is not None and not rows[cut].any() and rows[~cut].all()
@@ -348,7 +348,7 @@ def test_a_row_where_the_logging_policy_cut_the_run_teaches_nothing_of_going_on(
 
 def test_next_stop_value_goes_on_past_a_cut_run_at_the_value_given() -> None:
     dp = build_decision_points(_cut_log(10), cost_unit="ktokens")
-    cut = cut_rows(dp)
+    cut = dp.cut
     no_stop = np.zeros(dp.n_rows, dtype=bool)
     beyond = np.where(cut, 0.9, np.nan)
     got = _next_stop_value(dp, no_stop, 0.1, beyond)
@@ -376,6 +376,6 @@ def test_a_retrain_learns_what_going_on_past_the_logged_stops_is_worth() -> None
         learner._cross_fit(st, st.targets[name])
     learner._heuristics(st)
     learner._fit_optimal(st)
-    cut = cut_rows(st.dp)
+    cut = st.dp.cut
     assert cut.sum() == 160
     assert float(st.oof["c"][cut].mean()) > 0.9

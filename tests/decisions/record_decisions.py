@@ -6,7 +6,8 @@ writes ``tests/decisions/default_decisions.json.gz``: every decision the shipped
 (``models/default``) makes, through ``Policy.decide``,
 
 * at every step of every scenario of ``tests/scenarios/scenario_runs.py`` (driven to the
-  scenario's limit, not cut at the first stop), every field of the answer;
+  scenario's limit, not cut at the first stop), every field of the answer; and the same
+  through a live ``stopserve serve`` (HTTP, ``wire``): every field of each response;
 * at every decision point of a fixed sample of the real runs of each corpus under
   ``../shared/data`` (imported by the project's importers; traces chosen by a hash of their
   id, about :data:`POINTS` decision points per corpus), the action, reason, rule, safety
@@ -27,6 +28,7 @@ import gzip
 import hashlib
 import json
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -122,6 +124,43 @@ def scenario_decisions(policy: Any, only: str | None = None) -> dict[str, dict[s
     return out
 
 
+#: The request fields of each objective on the wire (``POST /v1/runs/{id}/decide``).
+WIRE_OBJECTIVES: Final[dict[str, dict[str, float]]] = {
+    "default": {},
+    "share2": {"cost_share": 2.0},
+    "lambda0.2": {"lambda": 0.2},
+}
+
+
+def wire_decisions(url: str, only: str | None = None) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Every scenario through a live server's HTTP API: every answer but its run id, per objective."""
+    import httpx
+
+    sys.path.insert(0, str(ROOT / "tests" / "scenarios"))
+    from scenario_runs import SCENARIOS
+
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with httpx.Client(base_url=url, timeout=30.0) as client:
+        for name, scenario in SCENARIOS.items():
+            if only is not None and name != only:
+                continue
+            out[name] = {}
+            for objective, extra in WIRE_OBJECTIVES.items():
+                run_id = f"wire-{name}-{objective}-{hashlib.sha256(url.encode()).hexdigest()[:6]}"
+                steps = scenario.steps()
+                answers = []
+                for _ in range(scenario.limit):
+                    body = {"events": [e.dump() for e in next(steps)], **extra}
+                    response = client.post(f"/v1/runs/{run_id}/decide", json=body)
+                    response.raise_for_status()
+                    answer = response.json()
+                    answer.pop("run_id")
+                    answers.append({k: rounded(v) for k, v in answer.items()})
+                client.delete(f"/v1/runs/{run_id}")
+                out[name][objective] = answers
+    return out
+
+
 def _key(trace_id: str) -> str:
     return hashlib.sha256(trace_id.encode()).hexdigest()
 
@@ -193,8 +232,14 @@ def main() -> int:
         "objectives": OBJECTIVES,
         "corpus_fields": ["action", "reason", "rule", "safety_net", "pattern", "proposal", "v_stop"],
         "scenarios": scenario_decisions(policy),
+        "wire": {},
         "corpora": {},
     }
+    sys.path.insert(0, str(ROOT / "tests"))
+    from servers import LiveServer
+
+    with tempfile.TemporaryDirectory() as logs, LiveServer(log_dir=Path(logs)) as server:
+        data["wire"] = wire_decisions(server.url)
     if not SHARED.is_dir():
         raise SystemExit(f"{SHARED}: not found; the corpora are recorded from the shared data")
     for corpus in CORPORA:

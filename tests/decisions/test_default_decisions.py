@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import sys
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 import record_decisions as record
+from servers import LiveServer
 
 from stopserve.policy import Policy
 
@@ -63,6 +66,22 @@ def test_scenario_decisions_are_unchanged(name: str) -> None:
         assert got[objective] == want, (
             f"{name}, objective {objective}: {_first_difference(want, got[objective])}"
         )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """``stopserve serve`` with no configuration: the shipped default model."""
+    with LiveServer(log_dir=tmp_path_factory.mktemp("decisions-log")) as srv:
+        yield srv
+
+
+def test_the_wire_answers_are_unchanged(server: LiveServer) -> None:
+    # every field of every answer to every scenario, through HTTP, as recorded
+    got = record.wire_decisions(server.url)
+    for name, by_objective in fixture()["wire"].items():
+        for objective, want in by_objective.items():
+            diff = _first_difference(want, got[name][objective])
+            assert got[name][objective] == want, f"{name}, objective {objective}: {diff}"
 
 
 @pytest.mark.parametrize("corpus", list(record.CORPORA))

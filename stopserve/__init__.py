@@ -17,9 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stopserve.client import AsyncStopClient, EventRecorder, StopClient
+    from stopserve.decision import StopDecision
     from stopserve.errors import StopServeError
     from stopserve.features import FEATURE_NAMES, RunState
-    from stopserve.policy import Policy, StopDecision
+    from stopserve.manifest import Manifest
+    from stopserve.objective import Objective
+    from stopserve.policy import Policy
     from stopserve.safety import LoopConfig, SafetyConfig, SafetyStop
     from stopserve.trace import Event, Trace, TraceWriter, read_traces, scan, write_traces
 
@@ -31,6 +34,8 @@ __all__ = [
     "EventRecorder",
     "FEATURE_NAMES",
     "LoopConfig",
+    "Manifest",
+    "Objective",
     "Policy",
     "RunState",
     "SafetyConfig",
@@ -54,8 +59,10 @@ _HOMES = {
     "StopServeError": "stopserve.errors",
     "FEATURE_NAMES": "stopserve.features",
     "RunState": "stopserve.features",
+    "Manifest": "stopserve.manifest",
+    "Objective": "stopserve.objective",
     "Policy": "stopserve.policy",
-    "StopDecision": "stopserve.policy",
+    "StopDecision": "stopserve.decision",
     "LoopConfig": "stopserve.safety",
     "SafetyConfig": "stopserve.safety",
     "SafetyStop": "stopserve.safety",

@@ -2,14 +2,16 @@
 
 A model directory holds::
 
-    manifest.json    format tag, kind, method, feature names in order, cost unit,
-                     default lambda and tau, safety-net config, training-data
-                     fingerprint, cross-validated metrics, library versions,
-                     created time, and the sha256 of every other file
-    q.txt s.txt k.txt   LightGBM text models (none for a pure-heuristic policy)
+    manifest.json    a :class:`~stopserve.manifest.Manifest` (format stopserve.model/2):
+                     kind, method, objective, gates, safety config, base rule, margins,
+                     feature names in order, training-data fingerprint, cross-validated
+                     metrics, library versions, created time, and the sha256 of every
+                     other file
+    g.txt k.txt s.txt   LightGBM text models (none for a pure-heuristic policy)
     MODEL_CARD.md    generated from the manifest
 
-Loading reads every file the manifest lists once (only those: ``MODEL_CARD.md``
+Loading parses the manifest (format 2, or format 1 converted: a bad or unknown field is
+an error naming it), reads every file it lists once (only those: ``MODEL_CARD.md``
 too), checks its sha256 against the manifest and the feature names against
 :data:`stopserve.features.FEATURE_NAMES`, never follows a link out of the
 directory, and refuses with :class:`~stopserve.errors.ModelIntegrityError` (or
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from stopserve.errors import ModelError, ModelIntegrityError, ModelNotFoundError
+from stopserve.manifest import MODEL_FORMAT, MODEL_FORMAT_V1, Manifest, ModelEntry
 
 __all__ = [
     "CARD_FILE",
@@ -55,14 +58,10 @@ __all__ = [
     "sha256_bytes",
 ]
 
-MODEL_FORMAT: Final = "stopserve.model/1"
 MANIFEST_FILE: Final = "manifest.json"
 CARD_FILE: Final = "MODEL_CARD.md"
-KINDS: Final = ("model", "heuristic", "none")
 #: Model files are small (kilobytes to a few MB); bound what a load may read.
 MAX_MODEL_FILE_BYTES: Final = 256 * 1024 * 1024
-#: Characters of a model version: it is written into every decision line.
-MAX_VERSION_CHARS: Final = 256
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -90,14 +89,14 @@ class ModelArtifact:
     """
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     models: dict[str, str] = field(default_factory=dict)
     card: str | None = None  # MODEL_CARD.md, when the manifest lists (and so hashes) it
 
     @property
     def kind(self) -> str:
         """``"model"``, ``"heuristic"`` or ``"none"``."""
-        return str(self.manifest.get("kind", "model"))
+        return self.manifest.kind
 
 
 def _json_default(obj: Any) -> Any:
@@ -125,14 +124,16 @@ def _dumps(obj: Any) -> bytes:
 
 def save_model_dir(
     out_dir: str | os.PathLike[str],
-    manifest: Mapping[str, Any],
+    manifest: Manifest | Mapping[str, Any],
     models: Mapping[str, str] | None = None,
 ) -> Path:
     """Write a model directory atomically and return its path.
 
-    ``manifest`` holds everything but ``format``, ``files`` and ``created`` (added
-    here); ``models`` maps a model name to LightGBM text (``booster.model_to_string()``),
-    written as ``<name>.txt``. An existing model directory at ``out_dir`` is
+    ``manifest`` is a :class:`~stopserve.manifest.Manifest` or its JSON data (format 2
+    unless it says ``stopserve.model/1``: then it is converted); ``files``, ``created``,
+    ``libraries`` and each model's ``file`` are filled in here. ``models`` maps a model
+    name to LightGBM text (``booster.model_to_string()``), written as ``<name>.txt``. The
+    manifest is always written in format 2. An existing model directory at ``out_dir`` is
     replaced; any other non-empty folder is refused.
     """
     out = Path(out_dir)
@@ -141,17 +142,16 @@ def save_model_dir(
             raise ModelError(f"{out}: exists and is not a folder; refusing to overwrite")
         if any(out.iterdir()) and not (out / MANIFEST_FILE).exists():
             raise ModelError(f"{out}: non-empty folder that is not a model directory; refusing to overwrite")
-    kind = str(manifest.get("kind", "model"))
-    if kind not in KINDS:
-        raise ModelError(f"manifest kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if not isinstance(manifest, Manifest):
+        manifest = Manifest.from_data({"format": MODEL_FORMAT, **manifest}, source="the manifest to save")
     models = dict(models or {})
-    if kind == "model" and not models:
+    if manifest.kind == "model" and not models:
         raise ModelError("a model-kind directory needs at least one model file")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         files: dict[str, str] = {}
-        model_entries = dict(manifest.get("models", {}))
+        entries = dict(manifest.models)
         for name, text in models.items():
             if not name.isidentifier():
                 raise ModelError(f"model name must be an identifier, got {name!r}")
@@ -159,19 +159,17 @@ def save_model_dir(
             fname = f"{name}.txt"
             (tmp / fname).write_bytes(data)
             files[fname] = sha256_bytes(data)
-            entry = dict(model_entries.get(name, {}))
-            entry["file"] = fname
-            model_entries[name] = entry
-        full: dict[str, Any] = {"format": MODEL_FORMAT, **dict(manifest)}
-        full["kind"] = kind
-        full["models"] = model_entries
-        full.setdefault("created", datetime.now(UTC).isoformat(timespec="seconds"))
-        full.setdefault("libraries", library_versions())
+            entries[name] = (entries.get(name) or ModelEntry()).model_copy(update={"file": fname})
+        full = manifest.updated(
+            models=entries,
+            created=manifest.created or datetime.now(UTC).isoformat(timespec="seconds"),
+            libraries=manifest.libraries or library_versions(),
+            files={},
+        )
         card = render_model_card(full).encode()
         (tmp / CARD_FILE).write_bytes(card)
         files[CARD_FILE] = sha256_bytes(card)
-        full["files"] = files
-        (tmp / MANIFEST_FILE).write_bytes(_dumps(full))
+        (tmp / MANIFEST_FILE).write_bytes(_dumps(full.updated(files=files).to_dict()))
         for name in os.listdir(tmp):
             _fsync(tmp / name)
         _fsync(tmp)
@@ -260,65 +258,46 @@ def load_model_dir(
     if not mpath.is_file():
         raise ModelNotFoundError(f"{mpath}: no manifest.json: not a model directory")
     try:
-        manifest = json.loads(_read(mpath, root))
+        data = json.loads(_read(mpath, root))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelIntegrityError(f"{mpath}: not valid JSON: {exc}") from None
-    if not isinstance(manifest, dict):
+    if not isinstance(data, dict):
         raise ModelIntegrityError(f"{mpath}: must hold a JSON object")
-    fmt = manifest.get("format")
-    if fmt != MODEL_FORMAT:
-        raise ModelIntegrityError(f"{mpath}: format: expected {MODEL_FORMAT!r}, got {fmt!r}")
-    kind = manifest.get("kind", "model")
-    if kind not in KINDS:
-        raise ModelIntegrityError(f"{mpath}: kind: expected one of {', '.join(KINDS)}, got {kind!r}")
-    files = manifest.get("files")
-    if not isinstance(files, dict):
+    if data.get("format") in (MODEL_FORMAT, MODEL_FORMAT_V1) and not isinstance(data.get("files"), dict):
         raise ModelIntegrityError(f"{mpath}: files: missing or not an object of sha256 digests")
-    version = manifest.get("model_version")
-    if version is not None and not (isinstance(version, str) and len(version) <= MAX_VERSION_CHARS):
-        raise ModelIntegrityError(
-            f"{mpath}: model_version: expected a string of at most {MAX_VERSION_CHARS} characters"
-        )
-    names = manifest.get("feature_names")
-    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
-        raise ModelIntegrityError(f"{mpath}: feature_names: expected a list of names")
+    manifest = Manifest.from_data(data, source=str(mpath))
     blobs: dict[str, bytes] = {}
-    for fname, digest in files.items():
-        if not isinstance(fname, str) or "/" in fname or "\\" in fname or fname.startswith("."):
+    for fname, digest in manifest.files.items():
+        if "/" in fname or "\\" in fname or fname.startswith("."):
             raise ModelIntegrityError(f"{mpath}: files: bad file name {fname!r}")
-        if not isinstance(digest, str):
-            raise ModelIntegrityError(f"{mpath}: files.{fname}: expected a sha256 hex digest")
-        data = _read(root / fname, root)
-        actual = sha256_bytes(data)
+        data_ = _read(root / fname, root)
+        actual = sha256_bytes(data_)
         if actual != digest:
             raise ModelIntegrityError(
                 f"{root / fname}: sha256 mismatch: manifest says {str(digest)[:12]}..., "
                 f"file has {actual[:12]}... (file changed or corrupted)"
             )
-        blobs[fname] = data
+        blobs[fname] = data_
     if feature_names is None:
         from stopserve.features import FEATURE_NAMES
 
         feature_names = FEATURE_NAMES
-    recorded = manifest.get("feature_names")
-    if kind == "model" and list(recorded or []) != list(feature_names):
+    recorded = manifest.feature_names
+    if manifest.kind == "model" and list(recorded or []) != list(feature_names):
         raise ModelIntegrityError(
             f"{mpath}: feature_names: {_feature_diff(list(recorded or []), list(feature_names))}; "
             "the model was trained with another featurizer version: retrain it"
         )
     models: dict[str, str] = {}
-    entries = manifest.get("models", {})
-    if not isinstance(entries, dict):
-        raise ModelIntegrityError(f"{mpath}: models: must be an object")
-    for name, entry in entries.items():
-        fname = entry.get("file") if isinstance(entry, dict) else None
-        if not isinstance(fname, str) or fname not in blobs:
-            raise ModelIntegrityError(f"{mpath}: models.{name}.file: {fname!r} is not a listed, hashed file")
+    for name, entry in manifest.models.items():
+        listed = entry.file
+        if listed is None or listed not in blobs:
+            raise ModelIntegrityError(f"{mpath}: models.{name}.file: {listed!r} is not a listed, hashed file")
         try:
-            models[name] = blobs[fname].decode()
+            models[name] = blobs[listed].decode()
         except UnicodeDecodeError:
-            raise ModelIntegrityError(f"{root / fname}: not a LightGBM text model (not UTF-8)") from None
-    if kind == "model" and not models:
+            raise ModelIntegrityError(f"{root / listed}: not a LightGBM text model (not UTF-8)") from None
+    if manifest.kind == "model" and not models:
         raise ModelIntegrityError(f"{mpath}: kind is 'model' but no model files are listed")
     card = blobs.get(CARD_FILE)
     text = card.decode("utf-8", "replace") if card is not None else None
@@ -350,49 +329,50 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _margins(value: Any) -> str:
-    if not isinstance(value, Mapping):
-        return "n/a"
-    return ", ".join(
-        "none" if value.get(k) is None else f"{float(value[k]):.4g}" for k in ("stop", "continue")
-    )
+def _margins(m: Manifest) -> str:
+    return ", ".join("none" if x is None else f"{x:.4g}" for x in (m.margins.stop, m.margins.continue_))
 
 
-def _scale(value: Any) -> str:
-    if not isinstance(value, Mapping):
-        return "n/a"
-    if value.get("kind") == "per_run":
+def _scale(m: Manifest) -> str:
+    if m.cost_scale.kind == "per_run":
         return "per run (lambda from each run's own expected total cost: for systems not seen in training)"
-    return f"fixed (mean behavior-run cost {_fmt(value.get('mean_behavior_cost'))})"
+    return f"fixed (mean behavior-run cost {_fmt(m.cost_scale.mean_behavior_cost)})"
 
 
-def _features(manifest: Mapping[str, Any]) -> str:
-    used = manifest.get("features_used")
-    names = manifest.get("feature_names") or []
-    if not isinstance(used, list):
+def _features(m: Manifest) -> str:
+    used, names = m.features_used, m.feature_names or []
+    if used is None:
         return "n/a"
     return "all" if len(used) == len(names) else f"{len(used)} of {len(names)} (see manifest features_used)"
 
 
-def _when_it_stops(manifest: Mapping[str, Any]) -> list[str]:
+def _gates(m: Manifest) -> str:
+    g = m.gates
+    model = f", the model's own from turn {g.model_min_turns}" if m.kind == "model" else ""
+    rule = m.base_rule is not None and m.base_rule.config.quality_met is not None
+    reward = f", the base rule's reward threshold from turn {g.reward_rule_min_turns}" if rule else ""
+    return f"stops other than a budget or a loop from turn {g.veto_min_turns}{model}{reward}"
+
+
+def _when_it_stops(m: Manifest) -> list[str]:
     """The card's plain-words section: what stops a run served by this policy."""
-    if "overrules" not in manifest:
-        return []
-    raw_safety = manifest.get("safety")
-    safety: Mapping[str, Any] = raw_safety if isinstance(raw_safety, Mapping) else {}
-    raw_loop = safety.get("loop")
-    loop: Mapping[str, Any] = raw_loop if isinstance(raw_loop, Mapping) else {}
-    overrules = set(manifest.get("overrules") or [])
-    model = manifest.get("kind") == "model"
+    safety = m.nets()
+    overrules = set(m.overrules)
+    model = m.kind == "model"
     lines = ["## When it stops a run", ""]
     caps = [
-        f"{k} {safety[k]:g}" for k in ("max_turns", "max_seconds", "max_tokens", "max_usd") if safety.get(k)
+        f"{k} {getattr(safety, k):g}"
+        for k in ("max_turns", "max_seconds", "max_tokens", "max_usd")
+        if getattr(safety, k)
     ]
     lines.append(
         f"- **budgets** (always win): {', '.join(caps) or 'none of its own'}, and the run's own budget"
     )
-    if loop.get("enabled", True):
-        patterns = ", ".join(f"{k} {v}" for k, v in loop.items() if k != "enabled" and v)
+    loop = safety.loop
+    if loop.enabled:
+        patterns = ", ".join(
+            f"{p} {getattr(loop, p)}" for p in type(loop).model_fields if p != "enabled" and getattr(loop, p)
+        )
         may = (
             "may be overruled by the model where going on pays"
             if model and "loop" in overrules
@@ -401,33 +381,32 @@ def _when_it_stops(manifest: Mapping[str, Any]) -> list[str]:
         lines.append(f"- **the loop detector** ({patterns}): {may}")
     else:
         lines.append("- **the loop detector**: off (tuned: it cut runs that paid to go on)")
-    target = safety.get("quality_met", 1.0)
-    if target is None:
+    if safety.quality_met is None:
         lines.append("- **quality_met**: off")
     else:
         may = "may be overruled" if model and "quality_met" in overrules else "always stops"
-        lines.append(f"- **quality_met**: a quality reward of {target:g} or more {may}")
-    if manifest.get("rule_text") and manifest.get("rule", {}).get("quality_met") is not None:
-        lines.append(f"- **its base rule**: {manifest['rule_text']} (a quality target tuned on your runs)")
-    proposals = manifest.get("proposals", "accept")
-    if proposals == "refuse":
+        lines.append(f"- **quality_met**: a quality reward of {safety.quality_met:g} or more {may}")
+    rule = m.base_rule
+    if rule is not None and rule.text and rule.config.quality_met is not None:
+        lines.append(f"- **its base rule**: {rule.text} (a quality target tuned on your runs)")
+    if m.proposals == "refuse":
         lines.append("- **a proposed stop** is not taken as a reason to stop: the rules and the model decide")
     else:
         may = ", unless the model expects going on to pay" if model and "proposed" in overrules else ""
         lines.append(f"- **a proposed stop** is taken{may}")
     if model:
-        if manifest.get("stop_on") == "evidence":
-            ev = manifest.get("evidence") or {}
+        if m.stop_on == "evidence":
+            ev = m.served_evidence
             lines.append(
                 "- **the model** stops a run on its own only where its value of going on is below its "
                 "stop margin AND the run shows a stall: a loop pattern "
-                f"{ev.get('repeat', 2)} times in a row, {ev.get('quiet_steps', 3)} steps with nothing new, "
-                f"or {ev.get('reward_steps', 4)} steps with no better reward. A run that keeps doing new "
+                f"{ev.repeat} times in a row, {ev.quiet_steps} steps with nothing new, "
+                f"or {ev.reward_steps} steps with no better reward. A run that keeps doing new "
                 "things and reports no reward is never stopped by the model"
             )
         else:
             lines.append("- **the model** stops a run where its value of going on is below its stop margin")
-    if manifest.get("censored") == "unknown":
+    if m.censored == "unknown":
         lines.append(
             '- runs that ended at a cap trained only the cost still to come: not "nothing more to gain"'
         )
@@ -467,27 +446,28 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def render_model_card(manifest: Mapping[str, Any]) -> str:
+def render_model_card(manifest: Manifest) -> str:
     """The ``MODEL_CARD.md`` text for a manifest (what it is, how it was trained, how good)."""
-    kind = manifest.get("kind", "model")
+    m = manifest
+    kind = m.kind
+    objective = "none (cost is free)" if m.objective is None else m.objective.describe()
     lines = [
-        f"# Model card: {manifest.get('model_version', 'unnamed')}",
+        f"# Model card: {m.model_version or 'unnamed'}",
         "",
         "Generated by `stopserve train` from `manifest.json`; do not edit by hand.",
         "",
         "| | |",
         "|---|---|",
         f"| kind | {kind} |",
-        f"| method | {_fmt(manifest.get('method'))} |",
-        f"| base rule | {_fmt(manifest.get('rule_text'))} |",
-        f"| margins (stop, continue) | {_margins(manifest.get('margins'))} |",
-        f"| model min_turns | {_fmt(manifest.get('min_turns'))} |",
-        f"| cost unit | {_fmt(manifest.get('cost_unit'))} |",
-        f"| cost scale | {_scale(manifest.get('cost_scale'))} |",
-        f"| default cost share | {_fmt(manifest.get('default_cost_share'))} |",
-        f"| default lambda | {_fmt(manifest.get('default_lambda'))} |",
-        f"| features read | {_features(manifest)} |",
-        f"| created | {_fmt(manifest.get('created'))} |",
+        f"| method | {_fmt(m.method)} |",
+        f"| base rule | {_fmt(None if m.base_rule is None else m.base_rule.text)} |",
+        f"| margins (stop, continue) | {_margins(m)} |",
+        f"| gates | {_gates(m)} |",
+        f"| cost unit | {m.cost_unit} |",
+        f"| cost scale | {_scale(m)} |",
+        f"| default objective | {objective} |",
+        f"| features read | {_features(m)} |",
+        f"| created | {_fmt(m.created)} |",
         "",
     ]
     if kind == "heuristic":
@@ -503,18 +483,18 @@ def render_model_card(manifest: Mapping[str, Any]) -> str:
             "and stops a run the rule lets go on when V < minus the stop margin (`none`: never).",
             "",
         ]
-    lines += _when_it_stops(manifest)
-    guard = manifest.get("guard")
+    lines += _when_it_stops(m)
+    guard = m.guard
     if isinstance(guard, Mapping):
         lines += ["## Never worse than a tuned heuristic", ""]
         lines += [f"- {k}: {_fmt(v)}" for k, v in guard.items()]
         lines.append("")
-    data = manifest.get("training_data")
+    data = m.training_data
     if isinstance(data, Mapping):
         lines += ["## Training data", ""]
         lines += [f"- {k}: {_fmt(v)}" for k, v in data.items()]
         lines.append("")
-    cv = manifest.get("cv")
+    cv = m.cv
     if isinstance(cv, Mapping):
         lines += ["## Cross-validated metrics", ""]
         table = cv.get("policies")
@@ -538,13 +518,13 @@ def render_model_card(manifest: Mapping[str, Any]) -> str:
                 lines.append(f"| {d} | " + " | ".join(_fmt(row.get(n)) for n in names) + " |")
             lines.append("")
         lines += _by_dataset_table(cv)
-    imp = manifest.get("feature_importance")
+    imp = m.feature_importance
     if isinstance(imp, Mapping) and imp:
         lines += ["## Top features (gain share, all models)", ""]
         for name, share in list(imp.items())[:10]:
             lines.append(f"- {name}: {_fmt(share)}")
         lines.append("")
-    safety = manifest.get("safety")
+    safety = None if m.safety is None else m.to_dict()["safety"]
     if safety is not None:
         lines += [
             "## Safety config (budgets always win; the loop detector and quality_met are rules)",
@@ -553,7 +533,7 @@ def render_model_card(manifest: Mapping[str, Any]) -> str:
         ]
         lines.append(json.dumps(_clean(safety), indent=2))
         lines += ["```", ""]
-    libs = manifest.get("libraries")
+    libs = m.libraries
     if isinstance(libs, Mapping):
         lines += ["## Libraries", "", ", ".join(f"{k} {v}" for k, v in libs.items()), ""]
     return "\n".join(lines)

@@ -57,6 +57,7 @@ import orjson
 from pydantic import ValidationError
 
 from stopserve.api import DecideResponse, ModelInfo, OutcomeResponse
+from stopserve.decision import to_trace, to_wire
 from stopserve.error_table import error_from_answer
 from stopserve.errors import (
     ConfigError,
@@ -70,6 +71,7 @@ from stopserve.errors import (
 )
 from stopserve.features import RunState
 from stopserve.ids import RUN_ID, content_ref
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.trace import Budget, Event, Stop, StopReason, Topology, Trace, TraceWriter
@@ -104,7 +106,7 @@ class DecideOptions(TypedDict, total=False):
     """Keyword options of ``decide`` (each falls back to the client's default for every run)."""
 
     budget: BudgetLike | None  #: the run's caps (max_turns, max_tokens, ...)
-    lam: float | None  #: cost weight
+    objective: Objective | None  #: what cost is worth (λ or a cost share; default: the service's)
     proposed_stop: bool  #: the orchestrator proposes to stop here (default False)
     safety: SafetyLike | None  #: safety nets for this call (the service applies the same)
     quality_target: float | None  #: the quality reward that means done for this run (default 1.0)
@@ -307,7 +309,7 @@ class _Core:
         retries: int,
         cooldown: float,
         budget: BudgetLike | None,
-        lam: float | None,
+        objective: Objective | None,
         safety: SafetyLike | None,
         topology: Topology | None,
         raise_on_client_error: bool,
@@ -330,7 +332,9 @@ class _Core:
         self.retries = retries
         self.cooldown = cooldown
         self.budget = _as_budget(budget)
-        self.lam = lam
+        if objective is not None and not isinstance(objective, Objective):
+            raise ConfigError(f"objective must be an Objective, got {type(objective).__name__}")
+        self.objective = objective
         self.safety_given = _as_safety(safety)
         self.safety = self.safety_given or DEFAULT_SAFETY
         self.topology = topology
@@ -465,13 +469,7 @@ class _Core:
     def note(self, run: _LocalRun, decision: DecideResponse) -> DecideResponse:
         """Keep the decision on the run's last event, for the spool (format v1 ``decision``)."""
         if run.journal:
-            run.journal[-1]["decision"] = {
-                "action": decision.action,
-                "reason": decision.reason,
-                "v_stop": decision.v_stop,
-                "propensity": decision.propensity,
-                "model_version": decision.model_version,
-            }
+            run.journal[-1]["decision"] = to_trace(decision)
         return decision
 
     def spool_trace(self, run_id: str, run: _LocalRun | None, body: Mapping[str, Any]) -> Path | None:
@@ -523,7 +521,7 @@ class _Core:
     ) -> DecideResponse:
         """What the service answers without a model (safety nets, min_turns veto), marked degraded."""
         policy = self._policy if safety is None else Policy.safety_only(safety)
-        decision = policy.decide(run.state, proposed_stop=proposed_stop).to_dict()
+        decision = to_wire(policy.decide(run.state, proposed_stop=proposed_stop))
         decision.update(run_id=run_id, degraded=True, model_version=None)
         return DecideResponse.model_validate(decision)
 
@@ -534,7 +532,7 @@ class _Core:
         run: _LocalRun,
         *,
         budget: BudgetLike | None,
-        lam: float | None,
+        objective: Objective | None,
         safety: SafetyConfig | None,
         proposed_stop: bool,
         extra: Mapping[str, Any],
@@ -546,8 +544,8 @@ class _Core:
         b = _as_budget(budget) or self.budget
         if b is not None:
             body["budget"] = b.model_dump(exclude_none=True)
-        if (lam := self.lam if lam is None else lam) is not None:
-            body["lambda"] = lam
+        if (worth := self.objective if objective is None else objective) is not None:
+            body.update(worth.to_wire())
         if (cfg := safety or self.safety_given) is not None:
             body["safety"] = cfg.to_dict()
         if self.topology is not None:
@@ -632,7 +630,7 @@ class _Core:
         several calls, oldest first; the answer to the last one is the decision.
         """
         path = _run_path(run_id) + "/decide"
-        budget, lam = options.get("budget"), options.get("lam")
+        budget, objective = options.get("budget"), options.get("objective")
         proposed_stop = options.get("proposed_stop", False)
         task_id, system = options.get("task_id"), options.get("system")
         run = self.fold(run_id, events, budget, task_id, system)
@@ -650,7 +648,7 @@ class _Core:
             body = self.decide_body(
                 run,
                 budget=budget,
-                lam=lam,
+                objective=objective,
                 safety=cfg,
                 proposed_stop=proposed_stop and len(run.pending) <= self.max_batch,
                 extra={"task_id": task_id, "system": system, "quality_target": target},
@@ -799,7 +797,7 @@ class _ClientBase(Generic[_TransportT]):
         retries: int = 1,
         cooldown: float = 5.0,
         budget: BudgetLike | None = None,
-        lam: float | None = None,
+        objective: Objective | None = None,
         safety: SafetyLike | None = None,
         topology: Topology | None = None,
         raise_on_client_error: bool = True,
@@ -817,7 +815,7 @@ class _ClientBase(Generic[_TransportT]):
             retries=retries,
             cooldown=cooldown,
             budget=budget,
-            lam=lam,
+            objective=objective,
             safety=safety,
             topology=topology,
             raise_on_client_error=raise_on_client_error,
@@ -850,7 +848,7 @@ class StopClient(_ClientBase[httpx.BaseTransport]):
     ``timeout`` bounds each HTTP phase of one decide call (seconds; ``outcome_timeout`` for
     the outcome, which writes the whole trace). ``retries`` extra attempts are made at once
     after quick failures (refused connection, 5xx), never after a timeout. After a failure
-    the service is skipped for ``cooldown`` seconds. ``budget``, ``lam`` and ``safety`` are
+    the service is skipped for ``cooldown`` seconds. ``budget``, ``objective`` and ``safety`` are
     defaults for every run (``safety`` also overrides the server's safety nets, so both sides
     apply the same; without it the local fallback applies
     :data:`~stopserve.safety.DEFAULT_SAFETY`, the service's own default).
@@ -899,7 +897,7 @@ class StopClient(_ClientBase[httpx.BaseTransport]):
     ) -> DecideResponse:
         """Send the run's new events and return the service's decision (or a local one).
 
-        ``options``: see :class:`DecideOptions` (budget, lam, proposed_stop, safety, task_id, system).
+        ``options``: see :class:`DecideOptions` (budget, objective, proposed_stop, safety, task_id, system).
         """
         return self._send(self._core.decide(run_id, events, options))
 

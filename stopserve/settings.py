@@ -15,6 +15,7 @@ except :class:`Settings` itself when constructed.
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +24,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_vali
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from stopserve.errors import ConfigError, Issue, pydantic_message
+from stopserve.objective import Objective
 
 __all__ = ["Settings", "default_model_dir", "load_settings"]
 
@@ -146,7 +148,9 @@ class Settings(BaseSettings):
     retrain_args: str = Field(
         default="", description="More `stopserve retrain` options for the background retrain (shell words)."
     )
-    lam: float | None = Field(default=None, ge=0, description="Default cost weight; unset: the model's.")
+    lam: float | None = Field(
+        default=None, ge=0, description="Default cost weight (λ per cost unit); unset: the model's."
+    )
     cost_share: float | None = Field(
         default=None, ge=0, le=100, description="Default cost share (instead of lam); unset: the model's."
     )
@@ -229,7 +233,14 @@ class Settings(BaseSettings):
                 f"max_store_bytes ({self.max_store_bytes}) must be at least "
                 f"max_run_bytes ({self.max_run_bytes})"
             )
+        if self.lam is not None and self.cost_share is not None:
+            Objective.of(self.lam, self.cost_share)  # raises: one of the two
         return self
+
+    @cached_property
+    def objective(self) -> Objective | None:
+        """What cost is worth when a request names nothing (``lam`` or ``cost_share``); None: the model's."""
+        return Objective.of(self.lam, self.cost_share)
 
     @property
     def exploration(self) -> tuple[tuple[float, float], tuple[float, float]]:

@@ -34,8 +34,7 @@ def _manifest(**kw: object) -> dict[str, object]:
         "model_version": "test-1",
         "feature_names": list(FEATURE_NAMES),
         "cost_unit": "usd",
-        "default_lambda": 0.2,
-        "tau": 0.01,
+        "objective": {"lambda": 0.2},
         "cv": {"policies": {"learned": {"value": 0.5, "success": 0.7, "cost": 1.2}}, "folds": 3},
         "training_data": {"n_traces": 10, "sha256": "abc"},
     }
@@ -49,14 +48,19 @@ def test_round_trip_checks_and_records_everything(tmp_path: Path) -> None:
     assert names == sorted([MANIFEST_FILE, CARD_FILE, "q.txt"])  # text and JSON only, no pickle
     art = load_model_dir(out)
     manifest = art.manifest
-    assert manifest["format"] == MODEL_FORMAT
-    assert manifest["feature_names"] == list(FEATURE_NAMES)
-    assert set(manifest["files"]) == {"q.txt", CARD_FILE}
-    assert manifest["models"]["q"]["file"] == "q.txt"
-    assert "lightgbm" in manifest["libraries"] and manifest["created"]
+    written = json.loads((out / MANIFEST_FILE).read_text())
+    assert written["format"] == MODEL_FORMAT == "stopserve.model/2" == manifest.format
+    assert manifest.feature_names == list(FEATURE_NAMES)
+    assert set(manifest.files) == {"q.txt", CARD_FILE}
+    assert manifest.models["q"].file == "q.txt" and written["models"]["q"] == {
+        "file": "q.txt",
+        "transform": "identity",
+    }
+    assert manifest.libraries is not None and "lightgbm" in manifest.libraries and manifest.created
+    assert written["objective"] == {"lambda": 0.2} and written["cost_unit"] == "usd"
     assert art.models["q"].startswith("tree")
     card = (out / CARD_FILE).read_text()
-    assert "0.5" in card and "test-1" in card
+    assert "0.5" in card and "test-1" in card and "lambda 0.2 per usd" in card
 
 
 def test_a_changed_model_file_is_refused(tmp_path: Path) -> None:
@@ -97,8 +101,17 @@ def test_bad_manifest_is_refused(tmp_path: Path) -> None:
     (out / MANIFEST_FILE).write_text(json.dumps({"format": "other/9"}))
     with pytest.raises(ModelIntegrityError, match="format"):
         load_model_dir(out)
-    (out / MANIFEST_FILE).write_text(json.dumps({"format": MODEL_FORMAT, "files": {"../x": "0"}}))
+    (out / MANIFEST_FILE).write_text(
+        json.dumps({"format": MODEL_FORMAT, "kind": "none", "files": {"../x": "0"}})
+    )
     with pytest.raises(ModelIntegrityError, match="bad file name"):
+        load_model_dir(out)
+    (out / MANIFEST_FILE).write_text(
+        json.dumps({"format": MODEL_FORMAT, "kind": "none", "margin": {}, "files": {}})
+    )
+    with pytest.raises(
+        ModelIntegrityError, match=r"manifest\.json: margin: unknown field \(did you mean 'margins'\?\)"
+    ):
         load_model_dir(out)
 
 
@@ -113,7 +126,7 @@ def test_heuristic_directory_needs_no_model(tmp_path: Path) -> None:
 def test_overwrites_a_model_dir_but_not_other_folders(tmp_path: Path) -> None:
     out = save_model_dir(tmp_path / "m", _manifest(), {"q": _booster_text(0)})
     save_model_dir(out, _manifest(model_version="test-2"), {"q": _booster_text(1)})
-    assert load_model_dir(out).manifest["model_version"] == "test-2"
+    assert load_model_dir(out).manifest.model_version == "test-2"
     other = tmp_path / "data"
     other.mkdir()
     (other / "precious.txt").write_text("keep me")
@@ -126,4 +139,5 @@ def test_overwrites_a_model_dir_but_not_other_folders(tmp_path: Path) -> None:
 
 def test_nan_metrics_become_null(tmp_path: Path) -> None:
     out = save_model_dir(tmp_path / "m", _manifest(cv={"q_auc": float("nan")}), {"q": _booster_text()})
-    assert load_model_dir(out).manifest["cv"]["q_auc"] is None
+    cv = load_model_dir(out).manifest.cv
+    assert cv is not None and cv["q_auc"] is None

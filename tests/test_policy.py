@@ -17,16 +17,17 @@ sys.path.insert(0, str(Path(__file__).parent / "training"))
 from fit_data import synth_trace, synth_traces
 
 from stopserve.artifacts import save_model_dir
+from stopserve.decision import StopDecision
 from stopserve.errors import ModelIntegrityError
 from stopserve.features import FEATURE_NAMES, RunState
-from stopserve.policy import Policy, StopDecision, cost_weight
+from stopserve.manifest import LEGACY_OVERRULES, BaseRule, Margins
+from stopserve.objective import Objective
+from stopserve.policy import Policy
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.trace import Trace, is_decision_point
-from stopserve.training.fit import PolicyLearner, _rule_fields
-from stopserve.training.heuristics import HeuristicRule, TunedHeuristic, policy_mask
+from stopserve.training.fit import PolicyLearner
+from stopserve.training.heuristics import HeuristicRule, TunedHeuristic
 from stopserve.training.labels import build_decision_points
-from stopserve.training.replay import replay_decide
-from stopserve.training.tuning import ALL_RULES, Tuned, learned_mask
 
 NO_LOOP = SafetyConfig.from_dict({"loop": False})
 FAST: dict[str, Any] = {"folds": 3, "max_rounds": 40, "n_boot": 200}
@@ -37,15 +38,24 @@ def learned() -> dict[str, Policy]:
     traces = synth_traces(160, seed=1)
     out = {}
     for method in ("behavior", "optimal"):
-        learner = PolicyLearner(lam=2.0, method=method, **FAST).fit(traces)
-        assert learner.manifest_["kind"] == "model", learner.notes_
+        learner = PolicyLearner(objective=Objective(lam=2.0), method=method, **FAST).fit(traces)
+        assert learner.manifest_.kind == "model", learner.notes_
         out[method] = learner.policy()
-    per_run = PolicyLearner(cost_share=0.3, cost_scale="per_run", method="behavior", **FAST).fit(traces)
+    per_run = PolicyLearner(
+        objective=Objective(cost_share=0.3), cost_scale="per_run", method="behavior", **FAST
+    ).fit(traces)
     out["per_run"] = per_run.policy()
     return out
 
 
+def _worth(kw: dict[str, Any]) -> dict[str, Any]:
+    """``lam=`` / ``cost_share=`` keywords as ``decide``'s objective."""
+    lam, share = kw.pop("lam", None), kw.pop("cost_share", None)
+    return {**kw, "objective": Objective.of(lam, share)}
+
+
 def _walk(policy: Policy, trace: Trace, **kw: Any) -> list[StopDecision]:
+    kw = _worth(kw)
     state = RunState()
     out = []
     for ev in trace.events:
@@ -65,73 +75,11 @@ def test_decide_agrees_with_the_vectorised_values(learned: dict[str, Policy]) ->
     for name, policy in learned.items():
         kw = {"cost_share": 0.3} if name == "per_run" else {"lam": 2.0}
         raw = policy.raw_batch(dp.X)
-        v, _, _ = policy.values(raw, dp.turn, dp.c_raw, **kw)
+        v, _, _ = policy.values(raw, dp.turn, dp.c_raw, Objective(**kw))
         got = []
         for tr in traces:
             got += [d.v_stop for d in _walk(policy, tr, safety=NO_LOOP, **kw)]
         np.testing.assert_allclose(np.asarray(got, dtype=float), v, rtol=1e-6, atol=1e-9)
-
-
-@pytest.mark.parametrize(
-    "rule",
-    [
-        HeuristicRule(turn_cap=9),
-        HeuristicRule(turn_cap=4, loop=False, quality=False, proposals=False),
-        HeuristicRule(reward_threshold=0.5, proposals=False),
-        HeuristicRule(loop=False, quality=True),
-    ],
-)
-def test_vectorised_stop_flags_agree_with_decide(learned: dict[str, Policy], rule: HeuristicRule) -> None:
-    # the trainer's search (learned_mask, policy_mask) is exactly what decide does, for every rule
-    # kind, every set of kinds a model may overrule, and a model stopping on evidence only
-    traces = synth_traces(30, seed=11)
-    dp = build_decision_points(traces)
-    tuned = TunedHeuristic("h", rule, 0.0, "usd", 2.0)
-    cases = [
-        (0.0, None, ALL_RULES, "value"),
-        (0.05, 0.2, frozenset({"rule", "proposed"}), "value"),
-        (None, -0.1, frozenset({"loop"}), "value"),
-        (-0.2, 0.0, ALL_RULES, "evidence"),
-    ]
-    for margin_stop, margin_continue, overrules, stop_on in cases:
-        base = learned["behavior"]
-        tuned_margins = Tuned(
-            math.inf if margin_stop is None else margin_stop,
-            math.inf if margin_continue is None else margin_continue,
-            2,
-            0.0,
-            0.0,
-            0.0,
-        )
-        manifest = {**base.manifest, **_rule_fields(tuned, tuned_margins, DEFAULT_SAFETY, overrules, stop_on)}
-        policy = Policy(
-            kind="model",
-            safety=rule.own_config(DEFAULT_SAFETY),
-            manifest=manifest,
-            rule=tuned.to_safety_config(),
-            boosters=base._forest._boosters,  # type: ignore[union-attr]
-        )
-        raw = policy.raw_batch(dp.X)
-        v, _, _ = policy.values(raw, dp.turn, dp.c, lam=2.0)
-        mask = learned_mask(
-            dp,
-            np.asarray(v),
-            rule.fires(dp),
-            margin_stop=tuned_margins.margin_stop,
-            margin_continue=tuned_margins.margin_continue,
-            min_turns=2,
-            overrules=overrules,
-            stall=dp.stall if stop_on == "evidence" else None,
-        )
-        first = np.minimum.reduceat(np.where(mask, np.arange(dp.n_rows), dp.n_rows), dp.offsets[:-1])
-        want = np.where(first < dp.offsets[1:], first, -1)
-        got = replay_decide(traces, dp, lambda i: [policy], lam=2.0)[0]  # noqa: B023
-        np.testing.assert_array_equal(got, want)
-    heuristic = tuned.policy()
-    mask = policy_mask(dp, rule.fires(dp))
-    first = np.minimum.reduceat(np.where(mask, np.arange(dp.n_rows), dp.n_rows), dp.offsets[:-1])
-    want = np.where(first < dp.offsets[1:], first, -1)
-    np.testing.assert_array_equal(replay_decide(traces, dp, lambda i: [heuristic], lam=2.0)[0], want)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -163,17 +111,17 @@ def test_the_stop_never_moves_later_when_cost_weighs_more(
 
 def test_cost_weight_modes() -> None:
     # absolute: lambda times the cost still to come (turn-equivalents times the mean cost per turn)
-    w, ctg = cost_weight(3.0, 4, 8.0, lam=0.5, cost_share=None, mean_cost=None)
+    w, ctg = Objective(lam=0.5).weight(3.0, 4, 8.0, mean_cost=None)
     assert ctg == pytest.approx(6.0) and w == pytest.approx(3.0)
     # a share with a known mean behavior cost: lambda = share / mean
-    w, _ = cost_weight(3.0, 4, 8.0, lam=None, cost_share=0.3, mean_cost=10.0)
+    w, _ = Objective(cost_share=0.3).weight(3.0, 4, 8.0, mean_cost=10.0)
     assert w == pytest.approx(0.03 * 6.0)
     # per run: the share of this run's expected total still to come, whatever the scale
-    w1, _ = cost_weight(3.0, 4, 8.0, lam=None, cost_share=0.3, mean_cost=None)
-    w2, _ = cost_weight(3.0, 4, 8e6, lam=None, cost_share=0.3, mean_cost=None)
+    w1, _ = Objective(cost_share=0.3).weight(3.0, 4, 8.0, mean_cost=None)
+    w2, _ = Objective(cost_share=0.3).weight(3.0, 4, 8e6, mean_cost=None)
     assert w1 == w2 == pytest.approx(0.3 * 3 / 7)
-    arr, _ = cost_weight(
-        np.array([3.0, 0.0]), np.array([4, 0]), np.array([8.0, 0.0]), lam=0.5, cost_share=None, mean_cost=None
+    arr, _ = Objective(lam=0.5).weight(
+        np.array([3.0, 0.0]), np.array([4, 0]), np.array([8.0, 0.0]), mean_cost=None
     )
     assert arr.tolist() == pytest.approx([3.0, 0.0])
 
@@ -271,12 +219,11 @@ def test_safety_only_policy_uses_the_default_nets() -> None:
 
 def test_heuristic_directory_stops_by_its_rule(tmp_path: Path) -> None:
     rule = HeuristicRule(turn_cap=2).base_config("usd")
+    config = {k: v for k, v in rule.to_dict().items() if k != "min_turns"}
     manifest = {
         "kind": "heuristic",
         "method": "heuristic",
-        "rule": rule.to_dict(),
-        "rule_name": "turn_cap",
-        "rule_text": "turn cap 2",
+        "base_rule": {"name": "turn_cap", "text": "turn cap 2", "config": config},
     }
     policy = Policy.load(save_model_dir(tmp_path / "h", manifest))
     assert policy.kind == "heuristic"
@@ -292,7 +239,7 @@ def test_the_continue_margin_overrules_the_base_rule(learned: dict[str, Policy])
     policy = Policy(
         kind="model",
         safety=NO_LOOP,
-        manifest={**base.manifest, "rule": rule.to_dict(), "margins": {"stop": None, "continue": -1e9}},
+        manifest=base.manifest.updated(base_rule=BaseRule(config=rule), margins=Margins(continue_=-1e9)),
         rule=rule,
         boosters=base._forest._boosters,  # type: ignore[union-attr]
     )
@@ -302,7 +249,11 @@ def test_the_continue_margin_overrules_the_base_rule(learned: dict[str, Policy])
 
 
 def test_a_manifest_cannot_switch_the_default_nets_off(tmp_path: Path) -> None:
-    manifest = {"kind": "heuristic", "rule": None, "safety": {"loop": False, "quality_met": None}}
+    manifest = {
+        "kind": "heuristic",
+        "safety": {"loop": False, "quality_met": None},
+        "format": "stopserve.model/1",
+    }
     policy = Policy.load(save_model_dir(tmp_path / "h", manifest))
     state = RunState()
     from stopserve.trace import Event
@@ -318,7 +269,9 @@ def test_bad_manifests_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelIntegrityError, match="max_turns"):
         Policy.load(save_model_dir(tmp_path / "h", {"kind": "heuristic", "safety": {"max_turns": -3}}))
     with pytest.raises(ModelIntegrityError, match="rule"):
-        Policy.load(save_model_dir(tmp_path / "r", {"kind": "heuristic", "rule": {"max_turn": 3}}))
+        Policy.load(
+            save_model_dir(tmp_path / "r", {"kind": "heuristic", "base_rule": {"config": {"max_turn": 3}}})
+        )
     import lightgbm as lgb
 
     x = np.random.default_rng(0).normal(size=(50, len(FEATURE_NAMES)))
@@ -351,14 +304,18 @@ def test_a_model_stop_names_the_pattern_the_run_was_repeating(learned: dict[str,
     policy = Policy(
         kind="model",
         safety=DEFAULT_SAFETY,
-        manifest={**base.manifest, "rule": None, "margins": {"stop": 0.0, "continue": None}, "min_turns": 1},
+        manifest=base.manifest.updated(
+            base_rule=None,
+            margins=Margins(stop=0.0),
+            gates=base.manifest.gates.model_copy(update={"model_min_turns": 1}),
+        ),
         boosters=base.boosters,
     )
     state = RunState()
     for i in range(3):
         state.fold(Event(id=f"a{i}", t=float(i), type="tool_use", agent="x", content_ref="same", usd=0.01))
         state.fold(Event(id=f"r{i}", t=float(i), type="return", agent="x", content_ref="out"))
-    d = policy.decide(state, lam=1e6)  # cost weighs so much that the model stops at once
+    d = policy.decide(state, objective=Objective(lam=1e6))  # cost weighs so much that the model stops at once
     assert d.action == "stop" and d.reason == "no_progress" and d.safety_net is None
     assert d.pattern == "repeated_action_observation"
 
@@ -378,11 +335,9 @@ def _looping_state(n: int = 8) -> RunState:
 
 def _keep_going(learned: dict[str, Policy], overrules: list[str] | None) -> Policy:
     base = learned["behavior"]
-    manifest = {**base.manifest, "margins": {"stop": None, "continue": -1e9}}
-    if overrules is not None:
-        manifest["overrules"] = overrules
-    else:
-        manifest.pop("overrules", None)
+    manifest = base.manifest.updated(
+        margins=Margins(continue_=-1e9), overrules=tuple(LEGACY_OVERRULES if overrules is None else overrules)
+    )
     return Policy(
         kind="model",
         safety=DEFAULT_SAFETY,
@@ -396,23 +351,27 @@ def test_a_model_may_overrule_the_loop_rule_only_where_its_manifest_says_so(
     learned: dict[str, Policy],
 ) -> None:
     state = _looping_state()
-    d = _keep_going(learned, ["loop", "quality_met", "rule", "proposed"]).decide(state, lam=0.0)
+    d = _keep_going(learned, ["loop", "quality_met", "rule", "proposed"]).decide(
+        state, objective=Objective(lam=0.0)
+    )
     assert d.action == "continue" and "overruled" in (d.message or "")
-    legacy = _keep_going(learned, None).decide(state, lam=0.0)  # a model trained before the split
+    legacy = _keep_going(learned, None).decide(
+        state, objective=Objective(lam=0.0)
+    )  # a model trained before the split
     assert legacy.action == "stop" and legacy.safety_net == "loop_detector"
-    fixed = _keep_going(learned, ["rule", "proposed"]).decide(state, lam=0.0)
+    fixed = _keep_going(learned, ["rule", "proposed"]).decide(state, objective=Objective(lam=0.0))
     assert fixed.action == "stop" and fixed.reason == "loop_detected"
 
 
 def test_budgets_always_win_even_over_a_model_that_overrules_every_rule(learned: dict[str, Policy]) -> None:
     policy = _keep_going(learned, ["loop", "quality_met", "rule", "proposed"])
     state = _looping_state(12)
-    d = policy.decide(state, lam=0.0, safety=SafetyConfig(max_turns=10))
+    d = policy.decide(state, objective=Objective(lam=0.0), safety=SafetyConfig(max_turns=10))
     assert d.action == "stop" and d.safety_net == "max_turns" and d.limit == "turns"
-    unbounded = policy.decide(state, lam=0.0)
+    unbounded = policy.decide(state, objective=Objective(lam=0.0))
     assert unbounded.action == "continue"
     from stopserve.safety import DEFAULT_MAX_TURNS
 
     many = _looping_state(DEFAULT_MAX_TURNS)  # the default turn limit bounds every run
-    d = policy.decide(many, lam=0.0)
+    d = policy.decide(many, objective=Objective(lam=0.0))
     assert d.action == "stop" and d.safety_net == "max_turns"

@@ -11,6 +11,7 @@ from typing import Any, Final, TypeVar
 from stopserve.api import DecideResponse
 from stopserve.client import AsyncStopClient, StopClient
 from stopserve.extras import install_hint
+from stopserve.objective import Objective
 from stopserve.trace import Event, Stop, Topology, is_decision_point
 
 __all__ = [
@@ -85,7 +86,7 @@ def integration_client(
     *,
     timeout: float,
     budget: Mapping[str, Any] | None,
-    lam: float | None,
+    objective: Objective | None,
     safety: Mapping[str, Any] | None,
     topology: Topology | None,
 ) -> ClientT:
@@ -100,7 +101,7 @@ def integration_client(
         url,
         timeout=timeout,
         budget=budget,
-        lam=lam,
+        objective=objective,
         safety=safety,
         topology=topology,
         raise_on_client_error=False,

@@ -45,6 +45,7 @@ from stopserve.integrations._common import (
     stop_of,
     stop_text,
 )
+from stopserve.objective import Objective
 from stopserve.trace import Event, Stop, Topology
 
 try:
@@ -75,7 +76,8 @@ class StopServeTerminationConfig(BaseModel):
     url: str = "http://127.0.0.1:8080"
     timeout: float = DEFAULT_TIMEOUT
     budget: dict[str, Any] | None = None
-    lam: float | None = None
+    #: what cost is worth: ``{"lambda": x}`` or ``{"cost_share": s}`` (an Objective's JSON)
+    objective: dict[str, Any] | None = None
     safety: dict[str, Any] | None = None
     topology: Topology | None = None
     task_id: str | None = None
@@ -172,7 +174,7 @@ def events_from_messages(
 class StopServeTermination(TerminationCondition, Component[StopServeTerminationConfig]):
     """Terminate an AutoGen team when the stopserve service says stop.
 
-    Composable with AutoGen's own conditions (``|``, ``&``). ``budget``, ``lam`` and
+    Composable with AutoGen's own conditions (``|``, ``&``). ``budget``, ``objective`` and
     ``safety`` go with every request (``safety`` also drives the local fail-safe).
     When the service is unreachable the condition keeps working on local safety
     nets: it never raises into the team because its sidecar is down.
@@ -193,7 +195,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         *,
         timeout: float = DEFAULT_TIMEOUT,
         budget: Mapping[str, Any] | None = None,
-        lam: float | None = None,
+        objective: Objective | Mapping[str, Any] | None = None,
         safety: Mapping[str, Any] | None = None,
         topology: Topology | None = None,
         task_id: str | None = None,
@@ -201,11 +203,13 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         run_prefix: str = "autogen-",
         replies_as_turns: bool = True,
     ) -> None:
+        if objective is not None and not isinstance(objective, Objective):
+            objective = Objective.from_dict(objective)
         self._config = StopServeTerminationConfig(
             url=url,
             timeout=timeout,
             budget=dict(budget) if budget is not None else None,
-            lam=lam,
+            objective=objective.to_dict() if objective is not None else None,
             safety=dict(safety) if safety is not None else None,
             topology=topology,
             task_id=task_id,
@@ -214,7 +218,13 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
             replies_as_turns=replies_as_turns,
         )
         self.client = integration_client(
-            AsyncStopClient, url, timeout=timeout, budget=budget, lam=lam, safety=safety, topology=topology
+            AsyncStopClient,
+            url,
+            timeout=timeout,
+            budget=budget,
+            objective=objective,
+            safety=safety,
+            topology=topology,
         )
         self._terminated = False
         self._run_id: str | None = None

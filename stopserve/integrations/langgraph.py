@@ -64,6 +64,7 @@ from stopserve.integrations._common import (
     stop_of,
     stop_text,
 )
+from stopserve.objective import Objective
 from stopserve.trace import Event, Stop, Topology
 
 try:
@@ -201,7 +202,7 @@ class StopServeRouter:
         messages_key: str = "messages",
         timeout: float = DEFAULT_TIMEOUT,
         budget: Mapping[str, Any] | None = None,
-        lam: float | None = None,
+        objective: Objective | None = None,
         safety: Mapping[str, Any] | None = None,
         topology: Topology | None = None,
         task_id: str | None = None,
@@ -220,7 +221,13 @@ class StopServeRouter:
         self.max_runs = max_runs
         self.replies_as_turns = replies_as_turns
         self.client = client or integration_client(
-            StopClient, url, timeout=timeout, budget=budget, lam=lam, safety=safety, topology=topology
+            StopClient,
+            url,
+            timeout=timeout,
+            budget=budget,
+            objective=objective,
+            safety=safety,
+            topology=topology,
         )
         self._runs: OrderedDict[str, _Track] = OrderedDict()
         self._lock = threading.Lock()

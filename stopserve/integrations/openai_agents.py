@@ -65,6 +65,7 @@ from stopserve.integrations._common import (
     stop_of,
     stop_text,
 )
+from stopserve.objective import Objective
 from stopserve.trace import Event, Stop, Topology
 
 try:
@@ -124,7 +125,7 @@ class StopServeHooks(RunHooks[Any]):
         final_output: FinalOutput | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         budget: Mapping[str, Any] | None = None,
-        lam: float | None = None,
+        objective: Objective | None = None,
         safety: Mapping[str, Any] | None = None,
         topology: Topology | None = None,
         task_id: str | None = None,
@@ -135,7 +136,13 @@ class StopServeHooks(RunHooks[Any]):
         client: AsyncStopClient | None = None,
     ) -> None:
         self.client = client or integration_client(
-            AsyncStopClient, url, timeout=timeout, budget=budget, lam=lam, safety=safety, topology=topology
+            AsyncStopClient,
+            url,
+            timeout=timeout,
+            budget=budget,
+            objective=objective,
+            safety=safety,
+            topology=topology,
         )
         self.replies_as_turns = replies_as_turns
         self.final_output = final_output or _default_final

@@ -16,6 +16,7 @@ The model is one reference swapped atomically by a reload; a decision reads it o
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
@@ -50,6 +51,7 @@ from stopserve.api import (
     StatelessDecideRequest,
 )
 from stopserve.artifacts import ModelArtifact, load_model_dir
+from stopserve.decision import StopDecision, to_trace, to_wire
 from stopserve.error_table import error_detail
 from stopserve.errors import (
     ConfigError,
@@ -67,7 +69,8 @@ from stopserve.errors import (
     pydantic_issues,
 )
 from stopserve.features import FEATURE_NAMES, LOOP_ID_WINDOW, RunState
-from stopserve.policy import Policy, StopDecision
+from stopserve.objective import Objective
+from stopserve.policy import Policy
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.service.learning import LearningLoop
 from stopserve.service.log import DecisionLog
@@ -249,7 +252,7 @@ class Engine:
             raise ModelNotFoundError(f"{path}: no such model directory")
         artifact = load_artifact(path)
         policy = policy_from(artifact)
-        names = policy.manifest.get("feature_names")
+        names = policy.manifest.feature_names
         if names is not None and list(names) != list(FEATURE_NAMES):
             raise ModelIntegrityError(f"{path}/manifest.json: feature_names differ from this featurizer's")
         # only the card the manifest lists and hashes, read once with the other files
@@ -404,25 +407,23 @@ class Engine:
             # a retry of a call already answered: the same answer, nothing logged twice
             return dict(run.last_response, events_accepted=0, events_ignored=ignored), None, None
         safety = self._request_safety(req, run.safety)
+        asked = _objective(req.lam, req.cost_share)
         nbytes = self._fold(run, new, reserve=_DECISION_RESERVE)
         if req.budget is not None:
             run.budget = req.budget
             run.state.set_budget(req.budget)
-        if req.lam is not None:
-            run.lam, run.cost_share = req.lam, None
-        if req.cost_share is not None:
-            run.lam, run.cost_share = None, req.cost_share
+        if asked is not None:
+            run.lam, run.cost_share = asked.lam, asked.cost_share
         if safety is not None:
             run.safety = safety
         policy = self.serving.policy
-        theirs = self._challenged(run.state, run.lam, run.cost_share, run.safety, req.proposed_stop)
+        objective = self._objective_of(run)
+        theirs = self._challenged(run.state, objective, run.safety, req.proposed_stop)
         epsilon = self._epsilon(run.explored, theirs)
-        decision = self._decide(
-            policy, run.state, run.lam, run.cost_share, run.safety, req.proposed_stop, epsilon
-        )
+        decision = self._decide(policy, run.state, objective, run.safety, req.proposed_stop, epsilon)
         run.explored = run.explored or decision.explored
         shadow = self._shadow(run, decision, theirs, run.state)
-        fields = _decision_fields(decision)
+        fields = to_wire(decision)
         answer = {"run_id": run_id, **fields, "events_accepted": len(new), "events_ignored": ignored}
         record = {
             "kind": "decision",
@@ -432,8 +433,8 @@ class Engine:
             "event_id": run.last_event_id,
             "n_events": run.n_events,
             **fields,
-            "lambda": run.lam if run.lam is not None else self.settings.lam,
-            "cost_share": run.cost_share if run.cost_share is not None else self.settings.cost_share,
+            "lambda": None if objective is None else objective.lam,
+            "cost_share": None if objective is None else objective.cost_share,
             "proposed_stop": req.proposed_stop,
         }
         if shadow:
@@ -441,7 +442,7 @@ class Engine:
         if run.n_events:
             # JSON text, not a dict: a str is not tracked by the garbage collector, so
             # thousands of live runs do not lengthen its full collections (p99)
-            text = orjson.dumps(_trace_decision(decision)).decode()
+            text = orjson.dumps(to_trace(decision)).decode()
             run.decisions.append((run.n_events - 1, text))  # after that event (again: in order)
             nbytes += decision_bytes(text)
         self.store.charge(run, nbytes)
@@ -474,22 +475,17 @@ class Engine:
                     "duplicate event id", [Issue(f"duplicate event id {event.id!r}", path=f"events[{i}].id")]
                 )
             ids.add(event.id)
+        asked = _objective(req.lam, req.cost_share)
         state = self._new_state(req.topology, req)
         state.fold_many(req.events)
         safety = self._request_safety(req, None)
-        lam = req.lam
-        theirs = self._challenged(state, lam, req.cost_share, safety, req.proposed_stop)
+        objective = asked if asked is not None else self.settings.objective
+        theirs = self._challenged(state, objective, safety, req.proposed_stop)
         decision = self._decide(
-            self.serving.policy,
-            state,
-            lam,
-            req.cost_share,
-            safety,
-            req.proposed_stop,
-            self._epsilon(False, theirs),
+            self.serving.policy, state, objective, safety, req.proposed_stop, self._epsilon(False, theirs)
         )
         shadow = self._shadow(None, decision, theirs, state)
-        fields = _decision_fields(decision)
+        fields = to_wire(decision)
         answer = {"run_id": req.run_id, **fields, "events_accepted": len(req.events), "events_ignored": 0}
         record = {
             "kind": "decision",
@@ -499,7 +495,7 @@ class Engine:
             "event_id": req.events[-1].id,
             "n_events": state.n_events,
             **fields,
-            "lambda": lam,
+            "lambda": req.lam,
             "cost_share": req.cost_share,
             "proposed_stop": req.proposed_stop,
         }
@@ -555,23 +551,24 @@ class Engine:
                 [Issue(f"at most {self.settings.max_events_per_request} events per request", path="runs")],
             )
 
+    def _objective_of(self, run: Run) -> Objective | None:
+        """What cost is worth for ``run``: its own (the last a request gave), else the settings'."""
+        own = _objective(run.lam, run.cost_share)
+        return own if own is not None else self.settings.objective
+
     def _decide(  # noqa: PLR0917
         self,
         policy: Policy,
         state: RunState,
-        lam: float | None,
-        cost_share: float | None,
+        objective: Objective | None,
         safety: SafetyConfig | None,
         proposed_stop: bool,
         epsilon: float = 0.0,
     ) -> StopDecision:
-        if lam is None and cost_share is None:
-            lam, cost_share = self.settings.lam, self.settings.cost_share
         with self._policy_lock:
             return policy.decide(
                 state,
-                lam=lam,
-                cost_share=cost_share,
+                objective=objective,
                 safety=safety if safety is not None else self._default_safety,
                 proposed_stop=proposed_stop,
                 epsilon=epsilon,
@@ -593,15 +590,13 @@ class Engine:
     def _challenged(
         self,
         state: RunState,
-        lam: float | None,
-        cost_share: float | None,
+        objective: Objective | None,
         safety: SafetyConfig | None,
         proposed_stop: bool,
     ) -> list[tuple[Challenger, StopDecision]]:
         """Every challenger's answer on the run's state (no exploration), never acted on."""
         return [
-            (c, self._decide(c.policy, state, lam, cost_share, safety, proposed_stop))
-            for c in self.challengers
+            (c, self._decide(c.policy, state, objective, safety, proposed_stop)) for c in self.challengers
         ]
 
     def _shadow(
@@ -917,13 +912,11 @@ class Engine:
         # runs, not the last to finish (in a burst those are the longest)
         metrics.setdefault("service_started", round(time.time() - (self.store.now() - run.created_at), 3))
         # what cost was worth when it was decided: what `stopserve retrain` learns for by default
-        lam, share = run.lam, run.cost_share
-        if lam is None and share is None:
-            lam, share = self.settings.lam, self.settings.cost_share
-        if lam is not None:
-            metrics.setdefault("service_lambda", float(lam))
-        elif share is not None:
-            metrics.setdefault("service_cost_share", float(share))
+        objective = self._objective_of(run)
+        if objective is not None and objective.lam is not None:
+            metrics.setdefault("service_lambda", float(objective.lam))
+        elif objective is not None and objective.cost_share is not None:
+            metrics.setdefault("service_cost_share", float(objective.cost_share))
         trace["metrics"] = metrics
         checked, issues = check_trace(trace)
         if checked is None:
@@ -984,7 +977,7 @@ class Engine:
     ) -> dict[str, Any]:
         """Message-level credit of a live run's events so far, under the served model (docs/credit.md).
 
-        ``lam`` / ``cost_share`` default to the run's own, then the model's. An ablation
+        ``lam`` / ``cost_share`` (one of them) default to the run's own, then the model's. An ablation
         reads the last :data:`CREDIT_ABLATION_LAST_K` decision points unless ``last_k`` says.
         """
         from stopserve.training.credit import aggregate, credit_trace  # offline code: loaded on first use
@@ -993,10 +986,9 @@ class Engine:
         with run.lock:
             texts = list(run.events)
             task_id, topology, budget = run.task_id, run.topology, run.budget
-            if lam is None and cost_share is None:
-                lam, cost_share = run.lam, run.cost_share
-        if lam is not None and cost_share is not None:
-            raise ConfigError("give lambda or cost_share, not both", [Issue("one of the two", path="lambda")])
+            asked = _objective(lam, cost_share)
+            if asked is None:
+                asked = _objective(run.lam, run.cost_share)
         if method == "ablation" and last_k is None:
             last_k = CREDIT_ABLATION_LAST_K
         trace = Trace.model_construct(
@@ -1014,8 +1006,7 @@ class Engine:
             split=split,
             window=window,
             baseline=baseline,
-            lam=lam,
-            cost_share=cost_share,
+            objective=asked,
             types=types,
             last_k=last_k,
         )
@@ -1037,14 +1028,14 @@ class Engine:
         return ModelInfo(
             kind=p.kind,
             model_version=p.model_version,
-            default_lambda=p.default_lambda,
-            default_cost_share=p.default_cost_share,
-            rule=p.manifest.get("rule_text"),
+            default_lambda=None if p.objective is None else p.objective.lam,
+            default_cost_share=None if p.objective is None else p.objective.cost_share,
+            rule=None if p.manifest.base_rule is None else p.manifest.base_rule.text,
             path=str(s.path) if s.path else None,
             safety_only=p.kind == "none",
             feature_names=list(FEATURE_NAMES),
             safety=(self._default_safety or p.safety).to_dict(),
-            manifest=p.manifest,
+            manifest=_manifest_info(p),
             model_card=s.model_card,
             loaded_at=s.loaded_at,
             challengers=self.challengers.infos(),
@@ -1154,46 +1145,21 @@ def load_policy(path: Path) -> Policy:
     return policy_from(load_artifact(path))
 
 
-def _decision_fields(d: StopDecision) -> dict[str, Any]:
-    return {
-        "action": d.action,
-        "reason": d.reason,
-        "v_stop": _finite(d.v_stop),
-        "q_continue": _finite(d.q_continue),
-        "q_stop": _finite(d.q_stop),
-        "cost_to_go": _finite(d.cost_to_go),
-        "turn": d.turn,
-        "safety_net": d.safety_net,
-        "limit": d.limit,
-        "pattern": d.pattern,
-        "finalize": d.finalize,
-        "model_version": d.model_version,
-        "propensity": d.propensity,
-        "explored": d.explored,
-        "degraded": d.degraded,
-        "rule": d.rule,
-        "message": d.message,
-        "proposal": d.proposal,
-    }
+@functools.lru_cache(maxsize=256)
+def _objective(lam: float | None, cost_share: float | None) -> Objective | None:
+    """A request's (or a run's) ``lambda`` / ``cost_share`` as an :class:`Objective` (None: neither).
+
+    Cached: a service sees a handful of distinct values, asked on every call.
+    """
+    return Objective.of(lam, cost_share)
 
 
-def _trace_decision(d: StopDecision) -> dict[str, Any]:
-    out: dict[str, Any] = {"action": d.action, "propensity": d.propensity}
-    if d.explored:
-        out["explored"] = True
-    if d.reason is not None:
-        out["reason"] = d.reason
-    if _finite(d.v_stop) is not None:
-        out["v_stop"] = d.v_stop
-    if d.model_version is not None:
-        out["model_version"] = d.model_version
-    if d.safety_net is not None:
-        out["safety_net"] = d.safety_net
-    return out
-
-
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
+def _manifest_info(policy: Policy) -> dict[str, Any]:
+    """The served manifest as ``GET /v1/model`` shows it: its JSON, and how decisions are computed."""
+    data = policy.manifest.to_dict()
+    if policy.inference is not None:
+        data["inference"] = policy.inference
+    return data
 
 
 def _held(run_id: str, found: Found) -> Run:

@@ -19,6 +19,7 @@ import numpy as np
 from stopserve.errors import TrainingError
 from stopserve.evidence import DEFAULT_EVIDENCE, Evidence
 from stopserve.features import FEATURE_NAMES
+from stopserve.objective import Objective
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Trace, read_traces
 from stopserve.training.labels import DecisionPoints, FloatArray, IntArray, build_decision_points
@@ -119,8 +120,7 @@ class Backend(Protocol):
         dp: DecisionPoints,
         policies_for: Callable[[int], Sequence[Any]],
         *,
-        lam: float | None = None,
-        cost_share: float | None = None,
+        objective: Objective | None = None,
         progress: bool = False,
     ) -> IntArray:
         """:func:`stopserve.training.replay.replay_decide` on the source's traces."""
@@ -168,14 +168,11 @@ class LocalBackend:
         dp: DecisionPoints,
         policies_for: Callable[[int], Sequence[Any]],
         *,
-        lam: float | None = None,
-        cost_share: float | None = None,
+        objective: Objective | None = None,
         progress: bool = False,
     ) -> IntArray:
         """:func:`stopserve.training.replay.replay_decide` on the source's traces, in order."""
-        return replay_decide(
-            iter(source), dp, policies_for, lam=lam, cost_share=cost_share, progress=progress
-        )
+        return replay_decide(iter(source), dp, policies_for, objective=objective, progress=progress)
 
 
 # --------------------------------------------------------------------------- LightGBM in this process

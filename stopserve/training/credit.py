@@ -76,7 +76,8 @@ import numpy.typing as npt
 
 from stopserve.errors import ConfigError, ModelError, TrainingError
 from stopserve.features import RunState
-from stopserve.policy import Policy, cost_so_far, cost_weight
+from stopserve.objective import Objective, cost_so_far, event_cost
+from stopserve.policy import Policy
 from stopserve.progress import progress
 from stopserve.trace import EVENT_TYPES, Event, Trace, read_traces
 from stopserve.training.labels import fold_events
@@ -179,17 +180,15 @@ class TraceCredit:
 # --------------------------------------------------------------------------- value along a run
 
 
-def cost_price(
-    policy: Policy, k_turns: Any, turn: Any, cost: Any, *, lam: float | None, cost_share: float | None
-) -> Any:
-    """Quality units one cost unit is worth at a state: ``w / cost_to_go`` of :func:`cost_weight`.
+def cost_price(policy: Policy, k_turns: Any, turn: Any, cost: Any, objective: Objective) -> Any:
+    """Quality units one cost unit is worth at a state: ``w / cost_to_go`` of :meth:`Objective.weight`.
 
     λ for an absolute λ; ``s / mean cost`` for a cost share on a one-system model;
     ``s / ((cost / turn)·(turn + K))`` on a per-run model (the share of the run's expected
     total cost). 0 where nothing was spent yet (there is no cost to weigh).
     """
     k = np.maximum(np.asarray(k_turns, dtype=np.float64), 1e-9)  # the ratio's limit at K = 0
-    w, ctg = cost_weight(k, turn, cost, lam=lam, cost_share=cost_share, mean_cost=policy.mean_behavior_cost)
+    w, ctg = objective.weight(k, turn, cost, mean_cost=policy.mean_behavior_cost)
     ctg = np.asarray(ctg, dtype=np.float64)
     safe = np.where(ctg > 0, ctg, 1.0)
     return np.where(ctg > 0, np.asarray(w, dtype=np.float64) / safe, 0.0)
@@ -210,8 +209,7 @@ class _Reader:
     """Reads V along a run: the policy and what cost is worth."""
 
     policy: Policy
-    lam: float | None
-    share: float | None
+    objective: Objective
 
     def read(
         self, rows: FloatArray, turn: npt.ArrayLike, cost: npt.ArrayLike
@@ -223,11 +221,11 @@ class _Reader:
             raw["s"] = np.asarray(policy.boosters["s"].predict(rows, raw_score=True), dtype=np.float64)
         turn_a = np.asarray(turn, dtype=np.float64)
         cost_a = np.asarray(cost, dtype=np.float64)
-        v_cont, _, _ = policy.values(raw, turn_a, cost_a, lam=self.lam, cost_share=self.share)
-        s = np.asarray(policy._post("s", raw["s"]), dtype=np.float64)
+        v_cont, _, _ = policy.values(raw, turn_a, cost_a, self.objective)
+        s = np.asarray(policy.transformed("s", raw["s"]), dtype=np.float64)
         v_cont = np.asarray(v_cont, dtype=np.float64)
         k = np.maximum(raw["k"], 0.0)
-        price = cost_price(policy, k, turn_a, cost_a, lam=self.lam, cost_share=self.share)
+        price = cost_price(policy, k, turn_a, cost_a, self.objective)
         return s + np.maximum(v_cont, 0.0), s, v_cont, np.asarray(price, dtype=np.float64)
 
 
@@ -243,11 +241,8 @@ class _Path:
 
 
 def _event_cost(ev: Event, unit: str, previous_t: float) -> float:
-    if unit == "usd":
-        return float(ev.usd or 0.0)
-    if unit == "seconds":
-        return max(0.0, float(ev.t) - previous_t)
-    return float(ev.tokens or 0) / 1000.0
+    seconds = max(0.0, float(ev.t) - previous_t)
+    return event_cost(unit, tokens=float(ev.tokens or 0), usd=float(ev.usd or 0.0), seconds=seconds)
 
 
 # --------------------------------------------------------------------------- credit of one trace
@@ -261,8 +256,7 @@ def credit_trace(
     split: str = "tokens",
     window: str = "decision",
     baseline: str = "zero",
-    lam: float | None = None,
-    cost_share: float | None = None,
+    objective: Objective | None = None,
     types: Sequence[str] | None = None,
     last_k: int | None = None,
 ) -> TraceCredit:
@@ -270,13 +264,13 @@ def credit_trace(
 
     ``window`` ``"reward"`` reads V only where the run is scored (module docstring);
     ``baseline`` ``"model"`` starts from the model's V of the empty run instead of 0.
-    ``lam`` or ``cost_share`` sets what cost is worth (default: the model's, as a decision
-    would); ``types`` and ``last_k`` cap the ablation. Raises :class:`ModelError` for a
-    directory without a learned value, :class:`ConfigError` for a bad option.
+    ``objective`` sets what cost is worth (default: the model's, as a decision would);
+    ``types`` and ``last_k`` cap the ablation. Raises :class:`ModelError` for a directory
+    without a learned value, :class:`ConfigError` for a bad option.
     """
     _check_options(method=method, split=split, window=window, baseline=baseline, types=types, last_k=last_k)
     _check_policy(policy)
-    lam_, share_ = policy.resolve(lam, cost_share)
+    worth = policy.resolve(objective)
     unit = policy.cost_unit
     events = trace.events
     state = RunState(topology=trace.topology, budget=trace.budget)
@@ -292,7 +286,7 @@ def credit_trace(
             turns.append(state.turn)
             costs.append(cost_so_far(state, unit))
             idx.append(len(ev_cost) - 1)
-    reader = _Reader(policy, lam_, share_)
+    reader = _Reader(policy, worth)
     v, s, vc, price = reader.read(np.vstack(rows), turns, costs)
     if baseline == "zero":
         v[0] = s[0] = vc[0] = 0.0  # nothing held, nothing spent: the value of stopping before the start
@@ -342,7 +336,9 @@ def credit_trace(
         )
         for i, ev in enumerate(events)
     )
-    return TraceCredit(trace.trace_id, method, split, window, baseline, unit, lam_, share_, values, out)
+    return TraceCredit(
+        trace.trace_id, method, split, window, baseline, unit, worth.lam, worth.cost_share, values, out
+    )
 
 
 def _check_options(
@@ -670,8 +666,7 @@ def credit_command(args: argparse.Namespace) -> int:
                 split=args.split,
                 window=args.window,
                 baseline=args.baseline,
-                lam=args.lam,
-                cost_share=args.cost_share,
+                objective=Objective.of(args.lam, args.cost_share),
                 types=types,
                 last_k=args.last_k,
             )

@@ -31,6 +31,7 @@ from typing import Any, Final
 import httpx
 
 from stopserve.errors import StopServeError
+from stopserve.objective import event_cost
 from stopserve.trace import DECISION_POINT_TYPES
 
 __all__ = ["Served", "drive", "end_value", "prefix_values", "run_cost", "stop_value"]
@@ -62,11 +63,8 @@ def _is_point(ev: Mapping[str, Any]) -> bool:
 
 
 def _cost(ev: Mapping[str, Any], unit: str) -> float:
-    if unit == "usd":
-        return float(ev.get("usd") or 0.0)
-    if unit == "seconds":
-        return 0.0  # elapsed time: read from t, not summed
-    return float(ev.get("tokens") or 0) / 1000.0
+    # elapsed time is read from t, not summed (seconds: 0 here)
+    return event_cost(unit, tokens=float(ev.get("tokens") or 0), usd=float(ev.get("usd") or 0.0), seconds=0.0)
 
 
 def prefix_values(

@@ -57,6 +57,8 @@ from stopserve.errors import StopServeError, TrainingError
 from stopserve.evidence import DEFAULT_EVIDENCE, Evidence
 from stopserve.extras import require
 from stopserve.features import FEATURE_NAMES
+from stopserve.manifest import Manifest
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.progress import progress_bar
 from stopserve.safety import SafetyConfig
@@ -177,7 +179,8 @@ def _rebuild_policy(
     import lightgbm as lgb
 
     boosters = {name: lgb.Booster(model_str=text) for name, text in models.items()}
-    return Policy(kind=kind, safety=safety, manifest=manifest, rule=rule, boosters=boosters or None)
+    m = Manifest.from_data(manifest, source="a replayed policy")
+    return Policy(kind=kind, safety=safety, manifest=m, rule=rule, boosters=boosters or None)
 
 
 class _PolicyPickler(pickle.Pickler):
@@ -190,7 +193,7 @@ class _PolicyPickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, Policy):
             models = {name: b.model_to_string() for name, b in obj.boosters.items()}
-            return _rebuild_policy, (obj.kind, obj.safety, obj.manifest, obj.rule, models)
+            return _rebuild_policy, (obj.kind, obj.safety, obj.manifest.to_dict(), obj.rule, models)
         return NotImplemented
 
 
@@ -208,8 +211,7 @@ def _replay_part(
     offsets: IntArray,
     table: IntArray,
     policies: bytes,
-    lam: float | None,
-    cost_share: float | None,
+    objective: Objective | None,
     matrix: FloatArray | None,
 ) -> IntArray:
     objs = pickle.loads(policies)  # built by this client's _dump_policies (see _PolicyPickler)
@@ -218,8 +220,7 @@ def _replay_part(
             _Partition(label, path).read(traces),
             offsets,
             lambda i: [objs[k] for k in table[i]],
-            lam=lam,
-            cost_share=cost_share,
+            objective=objective,
             X=matrix,
         )
     except (StopServeError, OSError) as exc:
@@ -478,8 +479,7 @@ class DaskBackend:
         dp: DecisionPoints,
         policies_for: Callable[[int], Sequence[Any]],
         *,
-        lam: float | None = None,
-        cost_share: float | None = None,
+        objective: Objective | None = None,
         progress: bool = False,
     ) -> IntArray:
         """The replay through ``decide`` mapped over the partitions; stop rows as :func:`replay_decide`."""
@@ -521,8 +521,7 @@ class DaskBackend:
                     offsets=offsets,
                     table=table[t0:t1],
                     policies=blob,
-                    lam=lam,
-                    cost_share=cost_share,
+                    objective=objective,
                     matrix=matrices[i],
                     key=f"replay-{i}-{_token()}",
                 )

@@ -41,6 +41,7 @@ import numpy.typing as npt
 
 from stopserve.errors import TrainingError
 from stopserve.features import RunState
+from stopserve.objective import DEFAULT_OBJECTIVE, Objective
 from stopserve.policy import Policy
 from stopserve.trace import Trace
 from stopserve.training.backend import Backend, LocalBackend, TraceSource
@@ -69,13 +70,13 @@ N_BOOT: Final = 1000
 
 
 class _Fixed:
-    """A policy replayed at its own λ or cost share, whatever the replay passes."""
+    """A policy replayed at its own objective, whatever the replay passes."""
 
-    def __init__(self, policy: Policy, lam: float | None, cost_share: float | None) -> None:
-        self.policy, self.lam, self.cost_share = policy, lam, cost_share
+    def __init__(self, policy: Policy, objective: Objective) -> None:
+        self.policy, self.objective = policy, objective
 
     def decide(self, state: RunState, **kw: Any) -> Any:
-        kw.update(lam=self.lam, cost_share=self.cost_share)
+        kw.update(objective=self.objective)
         return self.policy.decide(state, **kw)
 
 
@@ -175,8 +176,7 @@ def evaluate(
     model_policy: Policy | None,
     traces: Iterable[Trace] | Sequence[str | Path] | TraceSource,
     *,
-    lam: float | None = None,
-    cost_share: float | None = None,
+    objective: Objective | None = None,
     tune_on: Iterable[Trace] | Sequence[str | Path] | TraceSource | None = None,
     cost_unit: str | None = None,
     labels_from_rewards: bool = False,
@@ -191,23 +191,16 @@ def evaluate(
     """Replay every policy on the evaluated traces; return the report as JSON-ready data.
 
     ``model_policy`` is a :class:`stopserve.policy.Policy` (or ``None`` to skip
-    ``learned``). Give ``lam`` or ``cost_share``; with neither, the model's default
-    (a cost share of 0.3 without a model). ``sweep`` adds the Pareto sweeps
+    ``learned``). ``objective`` says what cost is worth (default: the model's; without a
+    model :data:`~stopserve.objective.DEFAULT_OBJECTIVE`). ``sweep`` adds the Pareto sweeps
     (``report["sweeps"]``: the learned policy at multiples of its λ or cost share, each
     single-net heuristic over its parameter), every point replayed through ``decide``.
     ``backend`` (default in this process) builds the decision points and runs the
     replays, e.g. mapped over the partitions of a Dask cluster.
     """
-    if lam is not None and cost_share is not None:
-        raise TrainingError("give lambda or cost share, not both")
-    for what, x in (("lambda", lam), ("cost share", cost_share)):
-        if x is not None and not (x >= 0 and math.isfinite(x)):
-            raise TrainingError(f"{what} must be a finite number >= 0, got {x}")
-    if lam is None and cost_share is None:
-        if model_policy is not None:
-            lam, cost_share = model_policy.resolve(None, None)
-        else:
-            cost_share = 0.3
+    if objective is None:
+        objective = model_policy.resolve(None) if model_policy is not None else DEFAULT_OBJECTIVE
+    lam, cost_share = objective.lam, objective.cost_share
     notes: list[str] = []
     run = backend if backend is not None else LocalBackend()
     source = traces if isinstance(traces, TraceSource) else TraceSource(traces)
@@ -217,7 +210,7 @@ def evaluate(
     by_share = cost_share is not None
     unit = cost_unit
     if unit is None and model_policy is not None:
-        unit = model_policy.manifest.get("cost_unit")
+        unit = model_policy.cost_unit
     tune_dp: DecisionPoints | None = None
     scales: dict[str, float] | None = None
     if tune_source is not None:
@@ -279,22 +272,21 @@ def evaluate(
         if model_policy is not None:
             for m in LAMBDA_SWEEP:
                 if by_share:
-                    extra.append(_Fixed(model_policy, None, float(cost_share or 0.0) * m))
+                    extra.append(_Fixed(model_policy, Objective(cost_share=float(cost_share or 0.0) * m)))
                 else:
-                    extra.append(_Fixed(model_policy, float(lam or 0.0) * m, None))
+                    extra.append(_Fixed(model_policy, Objective(lam=float(lam or 0.0) * m)))
                 sweep_meta.append(("learned", m))
         for name in ("turn_cap", "cost_cap", "reward_threshold"):
             for x, th in _sweep_rules(dp, name, dp.cost_unit):
                 extra.append(th.policy())
                 sweep_meta.append((name, x))
-    kw: dict[str, Any] = {"cost_share": cost_share} if by_share else {"lam": lam}
     learned = [] if model_policy is None else [model_policy]
     stops = run.replay(
         source,
         dp,
         lambda i: [*learned, *heur_for[int(fold[i])], *extra],
         progress=progress,
-        **kw,
+        objective=objective,
     )
     rep: dict[str, Replay] = {"behavior": replay_mask(dp, np.zeros(dp.n_rows, dtype=bool), value_lam)}
     j = 0
@@ -346,7 +338,8 @@ def evaluate(
     if model_policy is not None:
         policies["learned"]["kind"] = kind
         policies["learned"]["model_version"] = model_policy.model_version
-        policies["learned"]["rule"] = model_policy.manifest.get("rule_text")
+        base = model_policy.manifest.base_rule
+        policies["learned"]["rule"] = None if base is None else base.text
     exact = bool(dp.run_to_cap.all())
     if not exact:
         notes.append(
@@ -497,15 +490,15 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
         return logged_command(args)
     policy = Policy.load(args.model, engine=REPLAY_ENGINE)
-    manifest: dict[str, Any] = dict(policy.manifest or {})
-    model_unit = manifest.get("cost_unit")
-    if args.cost_unit and model_unit and args.cost_unit != model_unit:
+    manifest = policy.manifest
+    model_unit = manifest.cost_unit
+    if args.cost_unit and args.cost_unit != model_unit:
         # the model's lambda and cost-to-go are in its own unit: mixing units misprices every stop
         raise TrainingError(
             f"--cost-unit {args.cost_unit} differs from the model's cost unit {model_unit!r} "
             f"({args.model}/manifest.json); evaluate in {model_unit!r}"
         )
-    labels_from_rewards = bool(args.labels_from_rewards or manifest.get("labels_from_rewards", False))
+    labels_from_rewards = bool(args.labels_from_rewards or manifest.labels_from_rewards)
     progress = not args.no_progress  # on stderr, on a terminal only: --json output stays clean
     backend = None
     if getattr(args, "dask", None) is not None:
@@ -516,8 +509,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         report = evaluate(
             policy,
             [str(p) for p in args.traces],
-            lam=args.lam,
-            cost_share=args.cost_share,
+            objective=Objective.of(args.lam, args.cost_share),
             tune_on=[str(p) for p in args.tune_on] if args.tune_on else None,
             cost_unit=args.cost_unit or model_unit,
             labels_from_rewards=labels_from_rewards,

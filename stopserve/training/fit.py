@@ -25,9 +25,10 @@
    ``stopserve evaluate`` of the written directory on the same traces gives the same
    number (tested).
 
-What cost is worth: ``lam`` (per cost unit) or ``cost_share`` s ("a whole behavior
-run costs s of what a success is worth", resolved to λ = s / the mean logged cost,
-recorded in the manifest; the default is s = 0.3). ``cost_scale="per_run"`` trains a
+What cost is worth: an :class:`~stopserve.objective.Objective`, λ (per cost unit) or a
+cost share s ("a whole behavior run costs s of what a success is worth", resolved to
+λ = s / the mean logged cost, recorded in the manifest; the default is
+:data:`~stopserve.objective.DEFAULT_OBJECTIVE`, s = 0.3). ``cost_scale="per_run"`` trains a
 model meant to serve systems it has never seen: costs are normalised per data set,
 the base rule can only be one that means the same on any system (a reward threshold,
 the loop detector: no turn or cost cap), and served, λ comes from each run's own
@@ -44,7 +45,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -53,7 +54,9 @@ from stopserve.artifacts import save_model_dir
 from stopserve.errors import TrainingError
 from stopserve.evidence import DEFAULT_EVIDENCE, Evidence
 from stopserve.features import FEATURE_NAMES, scale_free_features
-from stopserve.policy import METHOD_MODELS, Policy
+from stopserve.manifest import BaseRule, CostScale, Gates, Manifest, Margins, ModelEntry
+from stopserve.objective import DEFAULT_OBJECTIVE, Objective
+from stopserve.policy import METHOD_MODELS, Policy, stop_mask
 from stopserve.progress import progress_bar
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.trace import Trace
@@ -74,10 +77,9 @@ from stopserve.training.heuristics import (
 )
 from stopserve.training.labels import DecisionPoints, FloatArray, IntArray
 from stopserve.training.replay import REPLAY_ENGINE, replay_rows
-from stopserve.training.tuning import ALL_RULES, Floors, Tuned, learned_mask, tune_policy
+from stopserve.training.tuning import ALL_RULES, Floors, Tuned, tune_policy
 
 __all__ = [
-    "DEFAULT_COST_SHARE",
     "DEFAULT_PARAMS",
     "MIN_GROUPS",
     "Backend",
@@ -93,8 +95,6 @@ __all__ = [
 
 BoolArray = npt.NDArray[np.bool_]
 
-#: "A whole behavior run costs 30% of what a success is worth": the evaluation protocol's headline.
-DEFAULT_COST_SHARE: Final = 0.3
 #: Fewer task groups than this: the guard cannot tell a model from luck; the heuristic ships.
 MIN_GROUPS: Final = 10
 #: Bootstrap draws over groups for the guard's interval.
@@ -249,7 +249,7 @@ class _Target:
     rows: BoolArray | None = None
 
     @property
-    def transform(self) -> str:
+    def transform(self) -> Literal["sigmoid", "identity"]:
         """How a served policy turns the raw score into the target's scale (``stopserve.policy``)."""
         return "sigmoid" if self.objective == "cross_entropy" else "identity"
 
@@ -301,11 +301,13 @@ class _FitState:
     dp: DecisionPoints
     nets: SafetyConfig
     per_run: bool
-    share: float | None
+    #: what cost is worth, as asked (a share, or a λ per cost unit of ``dp``)
+    objective: Objective
     mean_cost: float
+    #: λ per (normalised, with ``per_run``) cost unit: what values are measured at
     lam_value: float
-    arg_lam: float | None
-    arg_share: float | None
+    #: what the replays tell ``decide`` (a λ, resolved from a share with the mean cost; a share per run)
+    served: Objective
     methods: tuple[str, ...]
     min_turns: tuple[int, ...]
     used: tuple[str, ...]
@@ -368,7 +370,7 @@ def _folds(dp: DecisionPoints, trace_fold: IntArray, seed: int, *, inner_cv: boo
 class PolicyLearner:
     """Learn a stop policy from traces; see the module docstring.
 
-    >>> learner = PolicyLearner(cost_share=0.3).fit(traces)   # doctest: +SKIP
+    >>> learner = PolicyLearner(objective=Objective(cost_share=0.3)).fit(traces)   # doctest: +SKIP
     >>> learner.save("model/")                                 # doctest: +SKIP
     >>> learner.guard_["shipped"]                              # doctest: +SKIP
     'learned model'
@@ -377,8 +379,7 @@ class PolicyLearner:
     def __init__(
         self,
         *,
-        lam: float | None = None,
-        cost_share: float | None = None,
+        objective: Objective | None = None,
         cost_scale: str = "fixed",
         method: str = "auto",
         min_turns: int | None = None,
@@ -401,8 +402,7 @@ class PolicyLearner:
         evidence: Evidence | None = None,
         inner_cv: bool = False,
     ) -> None:
-        self.lam = lam
-        self.cost_share = cost_share
+        self.objective = objective
         self.cost_scale = cost_scale
         self.method = method
         self.min_turns = min_turns
@@ -435,17 +435,14 @@ class PolicyLearner:
             raise TrainingError(f"method must be auto, behavior or optimal, got {self.method!r}")
         if self.cost_scale not in ("fixed", "per_run"):
             raise TrainingError(f"cost_scale must be 'fixed' or 'per_run', got {self.cost_scale!r}")
-        if self.lam is not None and self.cost_share is not None:
-            raise TrainingError("give lambda or cost share, not both")
-        for name, value in (("lambda", self.lam), ("cost share", self.cost_share)):
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise TrainingError(f"{name} must be a finite number >= 0, got {value}")
-        if self.cost_scale == "per_run" and self.lam is not None:
+        if self.objective is not None and not isinstance(self.objective, Objective):
+            raise TrainingError(f"objective must be an Objective, got {type(self.objective).__name__}")
+        if self.cost_scale == "per_run" and self.objective is not None and not self.objective.is_share:
             raise TrainingError(
                 "cost_scale per_run needs a cost share (λ then comes from each run's own cost)"
             )
         if self.folds < 2:
-            raise TrainingError(f"--folds must be at least 2 for cross-validation, got {self.folds}")
+            raise TrainingError(f"folds must be at least 2 for cross-validation, got {self.folds}")
         if self.min_turns is not None and self.min_turns < 0:
             raise TrainingError(f"min_turns must be >= 0, got {self.min_turns}")
         if self.overrules is not None and not set(self.overrules) <= ALL_RULES:
@@ -491,6 +488,12 @@ class PolicyLearner:
         :class:`TrainingError` when the traces cannot train a policy.
         """
         self._check_params()
+        if self.objective is not None and self.objective.unit is not None:
+            if cost_unit is not None and cost_unit != self.objective.unit:
+                raise TrainingError(
+                    f"cost unit {cost_unit!r} asked for, but the objective is per {self.objective.unit}"
+                )
+            cost_unit = self.objective.unit
         t_start = time.perf_counter()
         source = traces if isinstance(traces, TraceSource) else TraceSource(traces)
         st = self._prepare(source, cost_unit, labels_from_rewards, group_by)
@@ -509,7 +512,7 @@ class PolicyLearner:
         best_heur = st.ranking.best
         guard = self._guard(st, reps, best_heur)
         models, manifest, final_tuned, importance = self._final(st, best_heur, ship=guard["ship"])
-        chosen = "learned" if manifest["kind"] == "model" else best_heur
+        chosen = "learned" if manifest.kind == "model" else best_heur
         final_rule = st.heur_all[best_heur].rule.describe(st.dp.cost_unit)
         if chosen != "learned" and final_rule.startswith("never stop"):
             st.notes.append(
@@ -518,9 +521,7 @@ class PolicyLearner:
             )
         # the shipped policy, replayed through decide on the training traces: evaluate gives the same
         shipped = Policy.from_manifest(manifest, models, source="trained policy", engine=REPLAY_ENGINE)
-        in_rows = self._backend().replay(
-            source, st.dp, lambda i: [shipped], lam=st.arg_lam, cost_share=st.arg_share
-        )[0]
+        in_rows = self._backend().replay(source, st.dp, lambda i: [shipped], objective=st.served)[0]
         guard.pop("ship")
         guard.update(
             shipped="learned model" if chosen == "learned" else f"heuristic {best_heur}",
@@ -528,8 +529,8 @@ class PolicyLearner:
             in_sample_value=replay_rows(st.dp, in_rows, st.lam_value).mean_value,
             in_sample_replay={
                 "labels_from_rewards": labels_from_rewards,
-                "lambda": st.arg_lam,
-                "cost_share": st.arg_share,
+                "lambda": st.served.lam,
+                "cost_share": st.served.cost_share,
             },
         )
         if st.bar is not None:
@@ -540,7 +541,7 @@ class PolicyLearner:
             "group_by": group_by,
             "groups": st.n_groups,
             "lambda": st.lam_value,
-            "cost_share": st.share,
+            "cost_share": st.objective.cost_share,
             "policies": policies,
             "best_heuristic": best_heur,
             "family_ranking": {
@@ -564,22 +565,20 @@ class PolicyLearner:
         }
         if final_tuned is not None:
             cv["final_tuning"] = {"method": final_tuned[0], **_tuned_dict(final_tuned[1])}
-        manifest.update(
-            {
-                "feature_names": list(FEATURE_NAMES),
-                "features_used": list(st.used),
-                "guard": guard,
-                "training_data": fingerprint(st.dp),
-                "cv": cv,
-                "feature_importance": {k_: round(v_, 6) for k_, v_ in list(importance.items())[:20]},
-                "params": {**st.params, "max_rounds": self.max_rounds, "early_stopping": EARLY_STOPPING},
-                "labels_from_rewards": labels_from_rewards,
-                "group_by": group_by,
-                "censored": self._censoring(),
-                "notes": st.notes,
-            }
+        manifest = manifest.updated(
+            feature_names=list(FEATURE_NAMES),
+            features_used=list(st.used),
+            guard=guard,
+            training_data=fingerprint(st.dp),
+            cv=cv,
+            feature_importance={k_: round(v_, 6) for k_, v_ in list(importance.items())[:20]},
+            params={**st.params, "max_rounds": self.max_rounds, "early_stopping": EARLY_STOPPING},
+            labels_from_rewards=labels_from_rewards,
+            group_by=group_by,
+            censored=self._censoring(),
+            notes=st.notes,
         )
-        manifest["model_version"] = model_version(manifest)
+        manifest = manifest.updated(model_version=model_version(manifest))
         self.dp_ = st.dp
         self.manifest_ = manifest
         self.models_ = models
@@ -617,19 +616,15 @@ class PolicyLearner:
                 f"{dp.n_traces} trace: cross-validation needs at least 2 traces (better: many tasks)"
             )
         mean_cost = float((dp.trace_c_final * dp.cost_scale).mean())
-        share = self.cost_share
-        if self.lam is None and share is None:
-            share = DEFAULT_COST_SHARE
-        arg_lam: float | None
-        arg_share: float | None
+        objective = (self.objective or DEFAULT_OBJECTIVE).in_unit(dp.cost_unit)  # type: ignore[arg-type]
         if per_run:
-            lam_value, arg_lam, arg_share = float(share or 0.0), None, share
-        elif self.lam is not None:
-            lam_value, arg_lam, arg_share = float(self.lam), float(self.lam), None
+            # costs are normalised per data set: the share is λ per normalised unit
+            assert objective.cost_share is not None
+            lam_value, served = float(objective.cost_share), objective
         else:
-            lam_value = float(share or 0.0) / mean_cost if mean_cost > 0 else 0.0
-            arg_lam, arg_share = lam_value, None
-            if mean_cost <= 0:
+            lam_value = objective.lam_at(mean_cost)
+            served = Objective(lam=lam_value, unit=objective.unit)
+            if objective.is_share and mean_cost <= 0:
                 notes.append(f"no trace carries any cost in {dp.cost_unit}: the cost share has no effect")
         if np.unique(dp.group).size < 2:
             notes.append(
@@ -673,11 +668,10 @@ class PolicyLearner:
             dp=dp,
             nets=nets,
             per_run=per_run,
-            share=share,
+            objective=objective,
             mean_cost=mean_cost,
             lam_value=lam_value,
-            arg_lam=arg_lam,
-            arg_share=arg_share,
+            served=served,
             methods=METHODS if self.method == "auto" else (self.method,),
             min_turns=(1, 2, 3) if self.min_turns is None else (self.min_turns,),
             used=used,
@@ -733,18 +727,17 @@ class PolicyLearner:
 
     def _template(self, st: _FitState, method: str) -> Policy:
         """A policy without boosters: only its ``values`` (the one definition of V) is used."""
-        manifest = {
-            **self._value_manifest(method, st.dp, st.mean_cost, st.share, st.lam_value),
-            "models": {n: {"transform": st.targets[n].transform} for n in st.targets},
-        }
+        manifest = Manifest(**self._value_fields(st, method), models=self._transforms(st))
         return Policy(kind="none", safety=st.nets, manifest=manifest)
+
+    @staticmethod
+    def _transforms(st: _FitState) -> dict[str, ModelEntry]:
+        return {n: ModelEntry(transform=st.targets[n].transform) for n in st.targets}
 
     def _v(
         self, st: _FitState, method: str, raw: Mapping[str, FloatArray], rows: IntArray | slice
     ) -> FloatArray:
-        v, _, _ = self._template(st, method).values(
-            raw, st.dp.turn[rows], st.dp.c_raw[rows], lam=st.arg_lam, cost_share=st.arg_share
-        )
+        v, _, _ = self._template(st, method).values(raw, st.dp.turn[rows], st.dp.c_raw[rows], st.served)
         return np.asarray(v, dtype=np.float64)
 
     def _tune(
@@ -841,16 +834,8 @@ class PolicyLearner:
                 stall=stall,
                 floors=self.floors,
             )
-            stop_rule = learned_mask(
-                dp,
-                v_opt,
-                fires,
-                margin_stop=tuned.margin_stop,
-                margin_continue=tuned.margin_continue,
-                min_turns=tuned.min_turns,
-                overrules=st.overrules,
-                stall=stall,
-            )
+            deviation = tuned.deviation(st.overrules, on_evidence=stall is not None)
+            stop_rule = stop_mask(dp, v_opt, fires, deviation, stall=stall)
             if cut.any():
                 # where the logging policy cut a run and the fitted rule would go on, the log ends
                 # before the rule's stop: going on is worth what C, fitted on runs that did go on
@@ -884,11 +869,12 @@ class PolicyLearner:
                 choices.append({"base": base_name, "base_rule": base.parameter, "deviates": False})
                 continue
             method, t = choice
-            manifest = {
-                **self._value_manifest(method, st.dp, st.mean_cost, st.share, st.lam_value),
+            manifest = Manifest(
+                kind="model",
+                **self._value_fields(st, method),
                 **self._rule_fields(st, base, t),
-                "models": {n: {"transform": st.targets[n].transform} for n in st.targets},
-            }
+                models=self._transforms(st),
+            )
             policies.append(
                 Policy(
                     kind="model",
@@ -922,8 +908,7 @@ class PolicyLearner:
             st.source,
             dp,
             lambda i: [fold_policies[st.trace_fold[i]], *heur[st.trace_fold[i]]],
-            lam=st.arg_lam,
-            cost_share=st.arg_share,
+            objective=st.served,
         )
         if st.bar is not None:
             st.bar.update(1)
@@ -961,7 +946,7 @@ class PolicyLearner:
 
     def _final(
         self, st: _FitState, best_heur: str, *, ship: bool
-    ) -> tuple[dict[str, str], dict[str, Any], tuple[str, Tuned] | None, dict[str, float]]:
+    ) -> tuple[dict[str, str], Manifest, tuple[str, Tuned] | None, dict[str, float]]:
         """What ships: final models tuned on the out-of-fold values, or the best heuristic."""
         final_heur = st.heur_all[best_heur]
         final_tuned = None
@@ -974,27 +959,24 @@ class PolicyLearner:
                     "the heuristic ships"
                 )
         if not ship or final_tuned is None:
-            manifest = {
-                **final_heur.manifest(st.nets),
-                **self._value_manifest("heuristic", st.dp, st.mean_cost, st.share, st.lam_value),
-            }
+            manifest = final_heur.manifest(st.nets).updated(**self._value_fields(st, "heuristic"))
             return {}, manifest, final_tuned, {}
         method, t = final_tuned
         targets = {**st.targets, **({"c": st.c_target} if st.c_target is not None else {})}
         models: dict[str, str] = {}
-        entries: dict[str, dict[str, Any]] = {}
+        entries: dict[str, ModelEntry] = {}
         gain = np.zeros(len(FEATURE_NAMES))
         rows_all = np.arange(st.dp.n_rows, dtype=np.int64)
         for name in sorted({*METHOD_MODELS[method], "g", "s"}):
             rounds = max(1, round(float(np.mean([fo.iters[name] for fo in st.folds])) * 1.1))
             booster, _ = st.trainer.train(targets[name], rows_all, None, rounds, self.seed)
             models[name] = booster.model_to_string()
-            entries[name] = {
-                "target": _TARGET_DOC[name],
-                "objective": targets[name].objective,
-                "transform": targets[name].transform,
-                "rounds": rounds,
-            }
+            entries[name] = ModelEntry(
+                target=_TARGET_DOC[name],
+                objective=targets[name].objective,
+                transform=targets[name].transform,
+                rounds=rounds,
+            )
             g = booster.feature_importance(importance_type="gain")
             if float(g.sum()) > 0:
                 gain += g / float(g.sum())
@@ -1002,12 +984,12 @@ class PolicyLearner:
             st.bar.update(1)
         share = gain / gain.sum() if gain.sum() > 0 else gain
         importance = dict(sorted(zip(FEATURE_NAMES, share.tolist(), strict=True), key=lambda kv: -kv[1]))
-        manifest = {
-            "kind": "model",
-            **self._value_manifest(method, st.dp, st.mean_cost, st.share, st.lam_value),
+        manifest = Manifest(
+            kind="model",
+            **self._value_fields(st, method),
             **self._rule_fields(st, final_heur, t),
-            "models": entries,
-        }
+            models=entries,
+        )
         return models, manifest, final_tuned, importance
 
     def _overrules(self) -> frozenset[str]:
@@ -1031,26 +1013,22 @@ class PolicyLearner:
     def _evidence(self) -> Evidence:
         return DEFAULT_EVIDENCE if self.evidence is None else self.evidence
 
-    def _value_manifest(
-        self, method: str, dp: DecisionPoints, mean_cost: float, share: float | None, lam_value: float
-    ) -> dict[str, Any]:
-        """How the policy weighs cost: the manifest fields ``stopserve.policy`` reads."""
-        if self.cost_scale == "per_run":
-            return {
-                "method": method,
-                "cost_unit": dp.cost_unit,
-                "cost_scale": {"kind": "per_run"},
-                "default_lambda": None,
-                "default_cost_share": share,
-                "objective": {"lambda": None, "cost_share": share},
-            }
+    def _value_fields(self, st: _FitState, method: str) -> dict[str, Any]:
+        """How the policy weighs cost: its method, objective and cost scale (``Manifest`` fields).
+
+        The objective is what the model was fitted for and serves by default: the share asked
+        (resolved with the mean cost, or per run), or the λ asked.
+        """
+        scale = (
+            CostScale(kind="per_run")
+            if self.cost_scale == "per_run"
+            else CostScale(kind="fixed", mean_behavior_cost=st.mean_cost)
+        )
         return {
             "method": method,
-            "cost_unit": dp.cost_unit,
-            "cost_scale": {"kind": "fixed", "mean_behavior_cost": mean_cost},
-            "default_lambda": lam_value,
-            "default_cost_share": share if self.lam is None else None,
-            "objective": {"lambda": lam_value, "cost_share": None},
+            "cost_unit": st.dp.cost_unit,
+            "objective": st.objective,
+            "cost_scale": scale,
         }
 
     # ----------------------------------------------------------------- results
@@ -1086,21 +1064,26 @@ def _rule_fields(  # noqa: PLR0917
     stop_on: str,
     evidence: Evidence = DEFAULT_EVIDENCE,
 ) -> dict[str, Any]:
-    """The manifest fields of a learned policy's rules: its config, base rule, margins, what it overrules."""
+    """The ``Manifest`` fields of a learned policy's rules: its config, base rule, gates, margins,
+    what it overrules."""
+    own = base.rule.own_config(nets)
+    config = base.to_safety_config()
     return {
-        "safety": base.rule.own_config(nets).to_dict(),
-        "rule": base.to_safety_config().to_dict(),
-        "rule_name": base.display_name,
-        "rule_text": base.rule.describe(base.cost_unit),
+        "safety": own,
+        "base_rule": BaseRule(name=base.display_name, text=base.rule.describe(base.cost_unit), config=config),
+        "gates": Gates(
+            veto_min_turns=own.min_turns,
+            model_min_turns=tuned.min_turns,
+            reward_rule_min_turns=config.min_turns,
+        ),
         "proposals": "accept" if base.rule.proposals else "refuse",
-        "overrules": sorted(overrules),
+        "overrules": tuple(sorted(overrules)),
         "stop_on": stop_on,
-        **({"evidence": evidence.to_dict()} if stop_on == "evidence" else {}),
-        "margins": {
-            "stop": tuned.margin_stop if math.isfinite(tuned.margin_stop) else None,
-            "continue": tuned.margin_continue if math.isfinite(tuned.margin_continue) else None,
-        },
-        "min_turns": tuned.min_turns,
+        "evidence": evidence if stop_on == "evidence" else None,
+        "margins": Margins(
+            stop=tuned.margin_stop if math.isfinite(tuned.margin_stop) else None,
+            continue_=tuned.margin_continue if math.isfinite(tuned.margin_continue) else None,
+        ),
     }
 
 
@@ -1136,10 +1119,10 @@ def _summary(r: Any) -> dict[str, float]:
     return {"value": r.mean_value, "success": float(r.q.mean()), "cost": float(r.c.mean())}
 
 
-def model_version(manifest: Mapping[str, Any]) -> str:
+def model_version(manifest: Manifest) -> str:
     """A model directory's version: its kind and method, when it was made, its training data's digest."""
-    digest = str(manifest.get("training_data", {}).get("sha256", ""))[:8]
-    kind, method = manifest.get("kind"), manifest.get("method")
+    digest = str((manifest.training_data or {}).get("sha256", ""))[:8]
+    kind, method = manifest.kind, manifest.method
     name = kind if method in (None, kind) else f"{kind}-{method}"  # a heuristic is named once
     return f"{name}-{time.strftime('%Y%m%d%H%M%S')}-{digest}"
 
@@ -1196,8 +1179,7 @@ def learner_from_args(
     if features not in ("all", "scale-free"):
         features = [f.strip() for f in str(features).split(",") if f.strip()]
     return PolicyLearner(
-        lam=args.lam,
-        cost_share=args.cost_share,
+        objective=Objective.of(args.lam, args.cost_share),
         cost_scale=args.cost_scale.replace("-", "_"),
         method=args.method,
         min_turns=None if args.min_turns == "auto" else int(args.min_turns),

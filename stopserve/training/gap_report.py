@@ -23,6 +23,7 @@ from typing import Any
 
 from stopserve.errors import StopServeError, TrainingError
 from stopserve.features import RunState
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.trace import Trace, is_decision_point, read_traces
 from stopserve.training.replay import REPLAY_ENGINE
@@ -49,7 +50,7 @@ def _replay(policy: Policy, trace: Trace, lam: float) -> tuple[int, list[float]]
         values.append(q - lam * tokens / 1000.0)
         if stop is None and k < last and is_decision_point(ev):
             proposed = ev.type == "stop" and bool(ev.proposed)
-            if policy.decide(state, lam=lam, proposed_stop=proposed).action == "stop":
+            if policy.decide(state, objective=Objective(lam=lam), proposed_stop=proposed).action == "stop":
                 stop = k
     # never stopped: the run's cap (its last event before the final stop)
     return (last - 1 if stop is None else stop), values

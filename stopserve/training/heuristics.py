@@ -31,7 +31,7 @@ threshold below the quality target).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -39,6 +39,10 @@ import numpy as np
 import numpy.typing as npt
 
 from stopserve.errors import TrainingError
+from stopserve.manifest import BaseRule, Gates, Manifest
+from stopserve.objective import cost_budget
+from stopserve.policy import Deviation, Policy, RuleFires, stop_mask
+from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray, IntArray
 
 __all__ = [
@@ -71,6 +75,8 @@ HEURISTICS: Final[tuple[str, ...]] = (
 
 #: Minimum turns before a rule's reward threshold may fire (``SafetyConfig.min_turns`` default).
 DEFAULT_MIN_TURNS: Final = 1
+#: A policy that is its rules: no margin, nothing overruled.
+NO_DEVIATION: Final = Deviation()
 
 #: Candidate thresholds tried per parameter (quantiles of the observed values).
 GRID_SIZE: Final = 64
@@ -124,35 +130,12 @@ def replay(dp: DecisionPoints, stop: npt.NDArray[np.bool_], lam: float) -> Repla
     )
 
 
-@dataclass(frozen=True)
-class RuleFires:
-    """Where each kind of rule of a policy fires, per row (``Policy.decide``'s rule kinds).
-
-    ``loop`` (the config's loop detector, never vetoed by ``min_turns``), ``quality`` (its
-    ``quality_met``), ``rule`` (the base rule: caps, reward threshold) and ``proposed`` (a
-    proposed stop the policy accepts); the last three only where ``min_turns`` allows a stop.
-    """
-
-    loop: BoolArray
-    quality: BoolArray
-    rule: BoolArray
-    proposed: BoolArray
-
-    def any(self, kinds: Sequence[str] = ("loop", "quality", "rule", "proposed")) -> BoolArray:
-        """Where any of ``kinds`` fires."""
-        out = np.zeros(self.loop.shape, dtype=bool)
-        for kind in kinds:
-            out |= getattr(self, kind)
-        return out
-
-
 def policy_mask(dp: DecisionPoints, fires: RuleFires) -> BoolArray:
     """Where a served policy with these rules (and no model) stops: a net, or any rule.
 
-    The same handicaps as every other policy: the budget nets stop the run, then its
-    rules (``Policy.decide``; tested against it).
+    :func:`stopserve.policy.stop_mask` with no deviation (``Policy.decide``; tested against it).
     """
-    return dp.net_stop | fires.any()
+    return stop_mask(dp, np.zeros(dp.n_rows), fires, NO_DEVIATION)
 
 
 @dataclass(frozen=True)
@@ -208,13 +191,12 @@ class HeuristicRule:
             and not self.proposals
         )
 
-    def base_config(self, cost_unit: str) -> Any:
+    def base_config(self, cost_unit: str) -> SafetyConfig:
         """The base rule as a :class:`stopserve.safety.SafetyConfig`: its caps and threshold only.
 
-        The reward threshold reads the run's primary channel, as the tuning did.
+        The reward threshold reads the run's primary channel, as the tuning did; the
+        config's ``min_turns`` is the reward threshold's gate.
         """
-        from stopserve.safety import SafetyConfig
-
         data: dict[str, Any] = {
             "max_turns": self.turn_cap,
             "max_seconds": None,
@@ -226,17 +208,11 @@ class HeuristicRule:
             "loop": None,
         }
         if self.cost_cap is not None:
-            if cost_unit == "usd":
-                data["max_usd"] = self.cost_cap
-            elif cost_unit == "ktokens":
-                data["max_tokens"] = math.ceil(self.cost_cap * 1000.0 - 1e-9)
-            elif cost_unit == "seconds":
-                data["max_seconds"] = self.cost_cap
-            else:
-                raise TrainingError(f"cost unit {cost_unit!r} has no safety-net budget")
+            key, cap = cost_budget(cost_unit, self.cost_cap)
+            data[key] = cap
         return SafetyConfig.model_validate(data)
 
-    def own_config(self, nets: Any) -> Any:
+    def own_config(self, nets: SafetyConfig) -> SafetyConfig:
         """The safety config this rule serves with: ``nets`` with its loop and quality_met switched."""
         changes: dict[str, Any] = {}
         if not self.loop:
@@ -327,37 +303,33 @@ class TunedHeuristic:
                 f"heuristic tuned with cost unit {self.cost_unit!r} applied to {dp.cost_unit!r} costs"
             )
 
-    def to_safety_config(self) -> Any:
+    def to_safety_config(self) -> SafetyConfig:
         """The base rule (caps and threshold) as a :class:`stopserve.safety.SafetyConfig`."""
         return self.rule.base_config(self.cost_unit)
 
-    def manifest(self, nets: Any = None) -> dict[str, Any]:
+    def manifest(self, nets: SafetyConfig | None = None) -> Manifest:
         """The manifest of a heuristic policy serving this rule (``kind: heuristic``).
 
         ``nets`` is the safety config the rule was tuned with (default
         :data:`stopserve.safety.DEFAULT_SAFETY`); the policy's own config is that config
         with the rule's loop detector and ``quality_met`` switches.
         """
-        from stopserve.safety import DEFAULT_SAFETY
-
         own = self.rule.own_config(DEFAULT_SAFETY if nets is None else nets)
-        return {
-            "kind": "heuristic",
-            "method": "heuristic",
-            "cost_unit": self.cost_unit,
-            "safety": own.to_dict(),
-            "rule": self.to_safety_config().to_dict(),
-            "rule_name": self.display_name,
-            "rule_text": self.rule.describe(self.cost_unit),
-            "proposals": "accept" if self.rule.proposals else "refuse",
-            "overrules": [],
-            "heuristic": self.to_dict(),
-        }
+        base = self.to_safety_config()
+        return Manifest(
+            kind="heuristic",
+            method="heuristic",
+            cost_unit=self.cost_unit,
+            gates=Gates(veto_min_turns=own.min_turns, reward_rule_min_turns=base.min_turns),
+            safety=own,
+            base_rule=BaseRule(name=self.display_name, text=self.rule.describe(self.cost_unit), config=base),
+            proposals="accept" if self.rule.proposals else "refuse",
+            overrules=(),
+            heuristic=self.to_dict(),
+        )
 
-    def policy(self, nets: Any = None) -> Any:
+    def policy(self, nets: SafetyConfig | None = None) -> Policy:
         """This rule as a served :class:`stopserve.policy.Policy` (for replays through ``decide``)."""
-        from stopserve.policy import Policy
-
         return Policy.from_manifest(self.manifest(nets), source=f"heuristic {self.name}")
 
     def to_dict(self) -> dict[str, Any]:

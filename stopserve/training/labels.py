@@ -32,6 +32,7 @@ import numpy.typing as npt
 from stopserve.errors import TrainingError
 from stopserve.evidence import DEFAULT_EVIDENCE, Evidence, stall
 from stopserve.features import FEATURE_NAMES, RunState
+from stopserve.objective import COST_UNITS
 from stopserve.progress import progress as _progress
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Event, Trace, is_decision_point, read_traces
@@ -51,7 +52,6 @@ __all__ = [
     "write_features_csv",
 ]
 
-COST_UNITS: Final[tuple[str, ...]] = ("usd", "ktokens", "seconds")
 
 #: How traces are grouped for cross-validation: by task id, by repository (the task id's
 #: prefix before "__", SWE-bench style), by producing system (e.g. one model's runs), or

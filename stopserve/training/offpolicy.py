@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stopserve.errors import TrainingError
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.training.labels import DecisionPoints, FloatArray, IntArray
 
@@ -172,7 +173,7 @@ def value_model(policy: Policy, dp: DecisionPoints, lam: float) -> FloatArray | 
     if policy.inference is None:
         return None
     raw = policy.raw_batch(dp.X)
-    v, _, _ = policy.values(raw, dp.turn, dp.c_raw, lam=lam)
+    v, _, _ = policy.values(raw, dp.turn, dp.c_raw, Objective(lam=lam))
     return np.asarray(v, dtype=np.float64)
 
 

@@ -6,7 +6,7 @@ the service would (proposed stops, safety nets and ``min_turns`` included), and
 truncates the run at the policy's first stop. The value there is ``q_t − λ·c_t`` from
 the decision points' labels; a run the policy never stops gets its logged end.
 
->>> stops = replay_decide(traces, dp, lambda i: [policy], lam=0.3)   # doctest: +SKIP
+>>> stops = replay_decide(traces, dp, lambda i: [policy], objective=Objective(lam=0.3))  # doctest: +SKIP
 >>> replay_rows(dp, stops[0], lam=0.3).mean_value                    # doctest: +SKIP
 """
 
@@ -19,6 +19,7 @@ import numpy as np
 
 from stopserve.errors import TrainingError
 from stopserve.features import RunState
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.progress import progress as _progress
 from stopserve.trace import Trace
@@ -42,8 +43,7 @@ def replay_decide(
     dp: DecisionPoints,
     policies_for: Callable[[int], Sequence[Any]],
     *,
-    lam: float | None = None,
-    cost_share: float | None = None,
+    objective: Objective | None = None,
     progress: bool = False,
 ) -> IntArray:
     """The row of each policy's first stop in each trace, shape (policies, traces); -1: none.
@@ -53,9 +53,7 @@ def replay_decide(
     objects on every call. ``dp`` must hold the decision points of the same traces in the
     same order; the learned policies' boosters are batch-predicted on ``dp.X``.
     """
-    return replay_stops(
-        traces, dp.offsets, policies_for, lam=lam, cost_share=cost_share, progress=progress, X=dp.X
-    )
+    return replay_stops(traces, dp.offsets, policies_for, objective=objective, progress=progress, X=dp.X)
 
 
 def _batch_scores(
@@ -102,8 +100,7 @@ def replay_stops(
     offsets: IntArray,
     policies_for: Callable[[int], Sequence[Any]],
     *,
-    lam: float | None = None,
-    cost_share: float | None = None,
+    objective: Objective | None = None,
     progress: bool = False,
     X: FloatArray | None = None,  # noqa: N803
 ) -> IntArray:
@@ -143,8 +140,7 @@ def replay_stops(
                         same = state.features().tobytes() == X[row].tobytes()  # type: ignore[index]
                     d = policies[j].decide(
                         state,
-                        lam=lam,
-                        cost_share=cost_share,
+                        objective=objective,
                         proposed_stop=proposed,
                         raw=scored[1][row] if scored is not None and same else None,
                     )

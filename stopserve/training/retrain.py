@@ -49,11 +49,12 @@ import orjson
 from stopserve.artifacts import save_model_dir
 from stopserve.errors import ConfigError, TrainingError
 from stopserve.model_store import Champion, KeptCandidate, ModelStore
+from stopserve.objective import DEFAULT_OBJECTIVE, Objective
 from stopserve.policy import Policy
 from stopserve.service.log import log_files
 from stopserve.settings import default_model_dir, load_settings
 from stopserve.training.backend import TraceSource
-from stopserve.training.fit import DEFAULT_COST_SHARE, PolicyLearner, learner_from_args, model_version
+from stopserve.training.fit import PolicyLearner, learner_from_args, model_version
 from stopserve.training.heuristics import TunedHeuristic, tune_heuristics
 from stopserve.training.labels import build_decision_points
 from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged, logged_traces_ok
@@ -79,7 +80,7 @@ GATE_ESTIMATOR: Final = "dr"
 #: The promoted policy's name when the refused candidate passes its second look.
 KEPT: Final = "kept candidate"
 #: The manifest fields that say how a policy weighs cost (a promoted heuristic keeps the candidate's).
-_PRICING: Final = ("cost_unit", "cost_scale", "default_lambda", "default_cost_share", "objective")
+_PRICING: Final = ("cost_unit", "cost_scale", "objective")
 
 
 @dataclass
@@ -253,7 +254,7 @@ def retrain(
     if args.candidate:
         candidate_dir = Path(args.candidate)
         # a model prices cost in its own unit: judge it in that unit unless told otherwise
-        unit = (Policy.load(candidate_dir, engine=REPLAY_ENGINE).manifest or {}).get("cost_unit")
+        unit = Policy.load(candidate_dir, engine=REPLAY_ENGINE).cost_unit
         train_dp = build_decision_points(
             iter(TraceSource(trained_on)),
             cost_unit=args.cost_unit or unit,
@@ -261,8 +262,7 @@ def retrain(
             group_by=args.group_by,
         )
         mean_cost = float(train_dp.trace_c_final.mean())
-        given = args.cost_share if args.cost_share is not None else DEFAULT_COST_SHARE
-        lam = float(args.lam) if args.lam is not None else (given / mean_cost if mean_cost > 0 else 0.0)
+        lam = (Objective.of(args.lam, args.cost_share) or DEFAULT_OBJECTIVE).lam_at(mean_cost)
     else:
         learner: PolicyLearner = learner_from_args(args, progress=not args.no_progress)
         learner.fit(
@@ -283,8 +283,7 @@ def retrain(
     tuned = {f"heuristic {n}": h for n, h in tune_heuristics(train_dp, lam).items()}
     heuristics = {name: h.policy() for name, h in tuned.items()}
     # each policy replayed as the service serves it: with the cost weight the runs are decided at
-    share = args.cost_share if args.cost_share is not None else DEFAULT_COST_SHARE
-    asked = {"lam": lam} if args.lam is not None else {"cost_share": share}
+    asked = Objective.of(args.lam, args.cost_share) or DEFAULT_OBJECTIVE
     verdict = judge(
         candidate,
         champion,
@@ -376,7 +375,7 @@ def _second_look(
     split: _Split,
     *,
     lam: float,
-    objective: Mapping[str, float],
+    objective: Objective,
     cost_unit: str | None,
     args: argparse.Namespace,
 ) -> tuple[Judgement | None, dict[str, Any]]:
@@ -418,15 +417,14 @@ def _second_look(
 
 def _heuristic_dir(heuristic: TunedHeuristic, candidate: Policy, out: Path) -> Path:
     """A tuned heuristic as a model directory, priced as the candidate was (what the gate judged)."""
-    priced = dict(candidate.manifest or {})
-    manifest: dict[str, Any] = {
-        **heuristic.manifest(),
-        **{k: priced[k] for k in _PRICING if k in priced},
-        "method": "heuristic",
-        "training_data": priced.get("training_data", {}),
-        "promoted_by": "stopserve retrain: a tuned heuristic beat the champion and the fitted candidate",
-    }
-    return save_model_dir(out, {**manifest, "model_version": model_version(manifest)})
+    priced = candidate.manifest
+    manifest = heuristic.manifest().updated(
+        **{k: getattr(priced, k) for k in _PRICING},
+        method="heuristic",
+        training_data=priced.training_data or {},
+        promoted_by="stopserve retrain: a tuned heuristic beat the champion and the fitted candidate",
+    )
+    return save_model_dir(out, manifest.updated(model_version=model_version(manifest)))
 
 
 def evaluate_logged_runs(
@@ -434,7 +432,7 @@ def evaluate_logged_runs(
     paths: Sequence[str | Path],
     *,
     lam: float,
-    objective: Mapping[str, float],
+    objective: Objective,
     cost_unit: str | None = None,
     labels_from_rewards: bool = False,
     group_by: str = "task",
@@ -443,8 +441,8 @@ def evaluate_logged_runs(
 ) -> LoggedEvaluation:
     """IS and DR figures of ``policies`` on the logged runs in ``paths``, each replayed as served.
 
-    Every policy decides through its own ``decide`` with ``objective`` (``lam`` or
-    ``cost_share``, as the service is asked); values are ``q − lam·c``; intervals resample
+    Every policy decides through its own ``decide`` with ``objective`` (as the service is
+    asked); values are ``q − lam·c``; intervals resample
     whole ``group_by`` groups; a policy's DR model part is its own (none for a tuned heuristic).
     """
     source = TraceSource(list(paths))
@@ -456,8 +454,7 @@ def evaluate_logged_runs(
         iter(source),
         dp,
         lambda i: [policies[n] for n in order],
-        lam=objective.get("lam"),
-        cost_share=objective.get("cost_share"),
+        objective=objective,
     )
     return evaluate_logged(
         policies,
@@ -495,7 +492,7 @@ def judge(
     held: Path,
     *,
     lam: float,
-    objective: Mapping[str, float],
+    objective: Objective,
     heuristics: Mapping[str, Policy] | None = None,
     heuristics_compete: bool = False,
     cost_unit: str | None = None,
@@ -507,8 +504,8 @@ def judge(
     """Judge ``candidate`` (and, with ``heuristics_compete``, every heuristic) against ``champion``.
 
     Every policy is replayed off-policy on the logged runs in ``held`` through its own
-    ``decide`` with ``objective`` (``lam`` or ``cost_share``, as the service is asked);
-    values are ``q − lam·c``. A challenger is eligible when its figure and the champion's
+    ``decide`` with ``objective`` (as the service is asked); values are ``q − lam·c``. A
+    challenger is eligible when its figure and the champion's
     are supported and the lower end of the paired 90% interval of (challenger − champion),
     doubly robust, is above 0 -- or it is never worse on any run and better on some. The
     candidate wins when eligible, unless a heuristic is eligible and better than it (the lower
@@ -674,17 +671,16 @@ def logged_command(args: argparse.Namespace) -> int:
     if args.plot or getattr(args, "dask", None) is not None:
         raise ConfigError("evaluate --logged: --plot and --dask do not apply to off-policy figures")
     policy = Policy.load(args.model, engine=REPLAY_ENGINE)
-    manifest: dict[str, Any] = dict(policy.manifest or {})
-    cost_unit = args.cost_unit or manifest.get("cost_unit")
-    labels = bool(args.labels_from_rewards or manifest.get("labels_from_rewards", False))
+    manifest = policy.manifest
+    cost_unit = args.cost_unit or manifest.cost_unit
+    labels = bool(args.labels_from_rewards or manifest.labels_from_rewards)
     paths = [str(p) for p in args.traces]
     dp = build_decision_points(
         iter(TraceSource(paths)), cost_unit=cost_unit, labels_from_rewards=labels, group_by=args.group_by
     )
-    lam_, share = policy.resolve(args.lam, args.cost_share)
+    objective = policy.resolve(Objective.of(args.lam, args.cost_share))
     mean_cost = float(dp.trace_c_final.mean()) if dp.n_traces else 0.0
-    lam = lam_ if lam_ is not None else (share or 0.0) / mean_cost if mean_cost > 0 else 0.0
-    objective = {"lam": lam_} if lam_ is not None else {"cost_share": share or 0.0}
+    lam = objective.lam_at(mean_cost)
     policies: dict[str, Policy] = {"model": policy}
     if args.tune_on:
         tune = build_decision_points(

@@ -10,9 +10,10 @@ margins infinite it IS the base rule, so tuning can always fall back to it.
 of the per-trace gain over the pure base rule: ``mean − PESSIMISM · standard error``,
 so a deviation whose gain rests on a few traces is not taken. For each ``(m_c,
 min_turns)`` every ``m_s`` is scored at once, exactly, in O(n log n) numpy. The search
-works on vectorised stop flags (:func:`learned_mask`, checked against ``Policy.decide``
-in the tests); every figure reported about the result comes from replaying the served
-policy through ``decide`` (:mod:`stopserve.training.replay`).
+works on vectorised stop flags (:func:`stopserve.policy.stop_mask`, ``Policy.decide``'s
+twin beside it, tested equal over every rule order); every figure reported about the
+result comes from replaying the served policy through ``decide``
+(:mod:`stopserve.training.replay`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from typing import Final
 
 import numpy as np
 
-from stopserve.training.heuristics import RuleFires, policy_mask, replay
+from stopserve.manifest import RULE_KINDS
+from stopserve.policy import Deviation, RuleFires, split_fires
+from stopserve.training.heuristics import policy_mask, replay
 from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray, IntArray
 
-__all__ = ["ALL_RULES", "PESSIMISM", "Floors", "Tuned", "learned_mask", "split_fires", "tune_policy"]
+__all__ = ["ALL_RULES", "PESSIMISM", "Floors", "Tuned", "tune_policy"]
 
 #: Standard errors a deviation's mean gain must clear.
 PESSIMISM: Final = 1.0
@@ -58,64 +61,13 @@ class Tuned:
         """Whether the policy ever differs from its base rule."""
         return math.isfinite(self.margin_stop) or math.isfinite(self.margin_continue)
 
+    def deviation(self, overrules: frozenset[str], *, on_evidence: bool = False) -> Deviation:
+        """These margins and gate as the served policy's :class:`~stopserve.policy.Deviation`."""
+        return Deviation(self.margin_stop, self.margin_continue, self.min_turns, overrules, on_evidence)
 
-#: ``Policy.decide``'s rule kinds (manifest ``overrules``) by the :class:`RuleFires` field each reads.
-_KIND_FIELD: Final[dict[str, str]] = {
-    "loop": "loop",
-    "quality_met": "quality",
-    "rule": "rule",
-    "proposed": "proposed",
-}
+
 #: What a learned model trained with tuned rules may overrule: every rule.
-ALL_RULES: Final = frozenset(_KIND_FIELD)
-
-
-def split_fires(fires: RuleFires, overrules: frozenset[str]) -> tuple[BoolArray, BoolArray]:
-    """``(hard, soft)``: where a rule the model may not overrule fires, and where only rules it may.
-
-    As ``Policy.decide`` reads them: the config's ``quality_met`` counts only where its
-    loop detector did not fire first.
-    """
-    kinds = {
-        "loop": fires.loop,
-        "quality_met": fires.quality & ~fires.loop,
-        "rule": fires.rule,
-        "proposed": fires.proposed,
-    }
-    n = fires.loop.shape[0]
-    hard = np.zeros(n, dtype=bool)
-    soft = np.zeros(n, dtype=bool)
-    for kind, where in kinds.items():
-        if kind in overrules:
-            soft |= where
-        else:
-            hard |= where
-    return hard, soft
-
-
-def learned_mask(
-    dp: DecisionPoints,
-    v: FloatArray,
-    fires: RuleFires,
-    *,
-    margin_stop: float,
-    margin_continue: float,
-    min_turns: int,
-    overrules: frozenset[str] = ALL_RULES,
-    stall: BoolArray | None = None,
-) -> BoolArray:
-    """Where the served learned policy stops: ``Policy.decide`` on every row at once.
-
-    ``fires`` says where each of the policy's rules fires, ``v`` is the value of
-    continuing, ``overrules`` the rule kinds the model may overrule, ``stall`` (for a model
-    that stops on evidence only) where the run shows a stall.
-    """
-    hard, soft = split_fires(fires, overrules)
-    keep_going = v > margin_continue
-    model = ~(hard | soft) & dp.allowed & (dp.turn >= min_turns) & (v < -margin_stop)
-    if stall is not None:
-        model &= stall
-    return dp.net_stop | hard | (soft & ~keep_going) | model
+ALL_RULES: Final = frozenset(RULE_KINDS)
 
 
 def _lcb(mean: float, sq_sum: float, n: int) -> float:
@@ -276,7 +228,8 @@ def tune_policy(
     Returns the pure base rule (both margins infinite) unless some deviation's lower
     confidence bound of the gain is above 0 (and, with ``strata``, its mean gain is not
     negative in any stratum, or, with ``floors``, every stratum keeps them: see
-    :func:`_sweep`). ``overrules`` and ``stall`` are the served policy's (:func:`learned_mask`).
+    :func:`_sweep`). ``overrules`` and ``stall`` are the served policy's
+    (:func:`stopserve.policy.stop_mask`).
     """
     ref = replay(dp, policy_mask(dp, fires), lam).value
     ref_mean = float(ref.mean())

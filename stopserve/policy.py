@@ -58,7 +58,7 @@ from stopserve.errors import ModelIntegrityError
 from stopserve.evidence import DEFAULT_EVIDENCE, Evidence, stall
 from stopserve.features import FEATURE_NAMES, RunState
 from stopserve.inference import Forest
-from stopserve.manifest import Manifest
+from stopserve.manifest import MODEL_FORMAT, Manifest
 from stopserve.objective import Objective, cost_so_far
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig, SafetyStop
 
@@ -338,9 +338,12 @@ class Policy:
         engine: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> Policy:
-        """A policy from a manifest (a :class:`Manifest`, or its JSON data) and LightGBM model texts."""
+        """A policy from a manifest (a :class:`Manifest`, or its JSON data: format 2 unless its
+        ``format`` says ``stopserve.model/1``) and LightGBM model texts."""
         import lightgbm as lgb
 
+        if not isinstance(manifest, Manifest):  # JSON data, format 2 unless it says otherwise
+            manifest = {"format": MODEL_FORMAT, **manifest}
         m = Manifest.from_data(manifest, source=f"{source}/manifest.json")
         safety = m.nets()
         rule = None if m.base_rule is None else m.base_rule.config

@@ -72,22 +72,17 @@ def value_models(root: Path, traces: Sequence[Trace], *, cost_share: float = 0.3
             "method": method,
             "cost_unit": "ktokens",
             "margins": {"stop": 0.0, "continue": None},
-            "min_turns": 0,
+            "gates": {"model_min_turns": 0},
             "models": {name: {"transform": "identity"} for name in names},
         }
         if scale == "per_run":
-            manifest |= {
-                "cost_scale": {"kind": "per_run"},
-                "default_lambda": None,
-                "default_cost_share": cost_share,
-                "objective": {"lambda": None, "cost_share": cost_share},
-            }
+            manifest |= {"cost_scale": {"kind": "per_run"}, "objective": {"cost_share": cost_share}}
         else:
+            # the objective booster c was fitted at: a share of the mean run cost, or the lambda given
+            objective = {"cost_share": cost_share} if lam is None else {"lambda": lam_fit}
             manifest |= {
                 "cost_scale": {"kind": "fixed", "mean_behavior_cost": mean_cost},
-                "default_lambda": lam_fit,
-                "default_cost_share": cost_share if lam is None else None,
-                "objective": {"lambda": lam_fit, "cost_share": None},
+                "objective": objective,
             }
         out[kind] = save_model_dir(root / kind, manifest, {n: texts[n] for n in names})
     return out

@@ -15,6 +15,7 @@ from servers import LiveServer, free_port
 
 from stopserve.client import AsyncStopClient, EventRecorder, StopClient, content_ref
 from stopserve.errors import ConfigError, RunClosedError, TraceValidationError
+from stopserve.objective import Objective
 from stopserve.trace import read_traces
 
 
@@ -86,7 +87,9 @@ def test_decide_and_outcome_against_real_server(server: LiveServer) -> None:
         assert client.model().kind == "none"
         decisions = []
         for i in range(10):
-            d = client.decide("c-live", step(rec, i), budget={"max_tokens": 10_000}, lam=0.01)
+            d = client.decide(
+                "c-live", step(rec, i), budget={"max_tokens": 10_000}, objective=Objective(lam=0.01)
+            )
             decisions.append(d)
             if d.action == "stop":
                 break
@@ -121,7 +124,7 @@ def test_retried_events_are_not_double_counted(server: LiveServer) -> None:
 def test_client_mistakes_raise_clear_errors(server: LiveServer) -> None:
     with StopClient(server.url, timeout=2.0) as client:
         with pytest.raises(ConfigError) as err:
-            client.decide("c-bad", [], lam=-1.0)
+            client.decide("c-bad", [], objective=Objective(lam=1e300))  # above the wire's cap
         assert "lambda" in str(err.value)
         with pytest.raises(TraceValidationError) as err2:
             client.decide("c-bad", [{"id": "e1", "t": 0, "type": "return"}])
@@ -148,7 +151,7 @@ def test_a_service_trace_error_arrives_as_a_trace_error(server: LiveServer) -> N
 
 def test_client_mistake_can_degrade_instead_of_raising(server: LiveServer) -> None:
     with StopClient(server.url, timeout=2.0, raise_on_client_error=False) as client:
-        d = client.decide("c-soft", step(EventRecorder(), 0), lam=-1.0)
+        d = client.decide("c-soft", step(EventRecorder(), 0), objective=Objective(lam=1e300))
     assert d.degraded and d.action == "continue"
 
 

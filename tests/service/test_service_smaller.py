@@ -14,6 +14,7 @@ from _service_models import tiny_model
 from test_service_app import lines, make_client, turn_events
 
 from stopserve.artifacts import load_model_dir, save_model_dir
+from stopserve.manifest import Manifest
 
 
 def test_a_decide_without_new_events_keeps_every_decision_in_the_trace(
@@ -33,7 +34,7 @@ def test_a_decide_without_new_events_keeps_every_decision_in_the_trace(
     assert all(e.get("decision") is None for e in trace["events"][:-1])
 
 
-def _crash_at(n: int, out: Path, manifest: dict[str, Any], models: dict[str, str]) -> None:
+def _crash_at(n: int, out: Path, manifest: Manifest, models: dict[str, str]) -> None:
     """In a forked child: SIGKILL itself at the n-th file-system step of save_model_dir."""
     pid = os.fork()
     if pid == 0:  # the child
@@ -69,16 +70,15 @@ def test_a_crash_at_any_step_of_a_model_write_leaves_a_whole_model(tmp_path: Pat
     base = tiny_model(tmp_path / "src", "v-old")
     old = load_model_dir(base)
     out = tmp_path / "models" / "current"
-    save_model_dir(out, old.manifest | {"model_version": "v-old"}, old.models)
-    new_manifest = {k: v for k, v in old.manifest.items() if k not in ("files", "format", "created")}
-    new_manifest["model_version"] = "v-new"
+    save_model_dir(out, old.manifest.updated(model_version="v-old"), old.models)
+    new_manifest = old.manifest.updated(model_version="v-new", files={}, created=None)
     versions = set()
     for n in range(1, 60):
         _crash_at(n, out, new_manifest, old.models)
-        version = load_model_dir(out).manifest["model_version"]  # never missing, never half-written
+        version = load_model_dir(out).manifest.model_version  # never missing, never half-written
         versions.add(version)
         if version == "v-new":
-            save_model_dir(out, old.manifest | {"model_version": "v-old"}, old.models)
+            save_model_dir(out, old.manifest.updated(model_version="v-old"), old.models)
     assert versions == {"v-old", "v-new"}
     # what crashes leave behind are hidden work folders beside it, never a second model path
     leftovers = [p.name for p in out.parent.iterdir() if p.name != "current"]

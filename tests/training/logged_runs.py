@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stopserve.features import RunState
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Trace, is_decision_point
@@ -74,7 +75,7 @@ def serve(
         eps = rho if explored else epsilon
         d = policy.decide(
             state,
-            lam=lam,
+            objective=Objective(lam=lam),
             safety=safety,
             proposed_stop=ev.type == "stop" and bool(ev.proposed),
             epsilon=eps,
@@ -167,6 +168,7 @@ def true_value(
         if k >= last or not is_decision_point(ev):
             continue
         proposed = ev.type == "stop" and bool(ev.proposed)  # type: ignore[union-attr]
-        if policy.decide(state, lam=lam, safety=safety, proposed_stop=proposed).action == "stop":
+        d = policy.decide(state, objective=Objective(lam=lam), safety=safety, proposed_stop=proposed)
+        if d.action == "stop":
             return values[k]
     return values[last]

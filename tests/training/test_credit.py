@@ -13,7 +13,8 @@ from credit_models import sim_traces, summed, value_models
 from stopserve.cli import main
 from stopserve.errors import ConfigError, ModelError
 from stopserve.features import RunState
-from stopserve.policy import Policy, cost_so_far, cost_weight
+from stopserve.objective import Objective, cost_so_far
+from stopserve.policy import Policy
 from stopserve.trace import Event, Trace, write_traces
 from stopserve.training.credit import (
     ABLATION_TYPES,
@@ -90,23 +91,21 @@ def test_cost_price_is_the_weight_the_policy_puts_on_cost(models: dict[str, Poli
     k, turn, cost = np.array([0.0, 0.5, 3.0, 12.0]), np.array([1, 2, 5, 9]), np.array([0.1, 0.4, 1.2, 2.0])
     for policy in models.values():
         for lam, share in ((0.7, None), (None, 0.3), (None, 0.0)):
-            lam_, share_ = policy.resolve(lam, share)
-            price = cost_price(policy, k, turn, cost, lam=lam_, cost_share=share_)
-            w, ctg = cost_weight(
-                k, turn, cost, lam=lam_, cost_share=share_, mean_cost=policy.mean_behavior_cost
-            )
+            worth = policy.resolve(Objective.of(lam, share))
+            price = cost_price(policy, k, turn, cost, worth)
+            w, ctg = worth.weight(k, turn, cost, mean_cost=policy.mean_behavior_cost)
             # the rest of the run is priced at the same rate: w = price × cost still to come
             np.testing.assert_allclose(price * ctg, w, atol=1e-12)
             if lam is not None:
                 np.testing.assert_allclose(price, lam)
     per_run = models["optimal-per-run"]
-    price = cost_price(per_run, k, turn, cost, lam=None, cost_share=0.3)
+    price = cost_price(per_run, k, turn, cost, Objective(cost_share=0.3))
     expected_total = cost / turn * (turn + k)  # the run's expected total cost
     np.testing.assert_allclose(price, 0.3 / expected_total)
     fixed = models["behavior"]
     mean = fixed.mean_behavior_cost
     assert mean is not None
-    np.testing.assert_allclose(cost_price(fixed, k, turn, cost, lam=None, cost_share=0.3), 0.3 / mean)
+    np.testing.assert_allclose(cost_price(fixed, k, turn, cost, Objective(cost_share=0.3)), 0.3 / mean)
 
 
 def _ev(i: int, kind: str, agent: str, tokens: int = 0, **extra: object) -> Event:
@@ -186,9 +185,9 @@ def _refolded_value(policy: Policy, trace: Trace, events: list[Event]) -> float:
     raw = {
         n: float(b.predict(state.features()[None, :], raw_score=True)[0]) for n, b in policy.boosters.items()
     }
-    lam, share = policy.resolve(None, None)
-    v, _, s = policy.values(raw, state.turn, cost_so_far(state, policy.cost_unit), lam=lam, cost_share=share)
-    s = policy._post("s", raw["s"]) if s is None else s
+    worth = policy.resolve(None)
+    v, _, s = policy.values(raw, state.turn, cost_so_far(state, policy.cost_unit), worth)
+    s = policy.transformed("s", raw["s"]) if s is None else s
     return float(s + max(0.0, float(v)))
 
 
@@ -230,7 +229,7 @@ def test_bad_options_and_models_without_a_value_are_refused(
     trace = traces[0]
     with pytest.raises(ModelError, match="learned value"):
         credit_trace(Policy.safety_only(), trace)
-    heuristic = Policy.from_manifest({"kind": "heuristic", "rule": {"max_turns": 5}})
+    heuristic = Policy.from_manifest({"kind": "heuristic", "base_rule": {"config": {"max_turns": 5}}})
     with pytest.raises(ModelError, match="tuned heuristic"):
         credit_trace(heuristic, trace)
     policy = models["behavior"]
@@ -352,7 +351,9 @@ def test_command_errors_name_what_is_wrong(
     heuristic = files["root"] / "heuristic"
     from stopserve.artifacts import save_model_dir
 
-    save_model_dir(heuristic, {"kind": "heuristic", "rule": {"max_turns": 5}, "feature_names": []})
+    save_model_dir(
+        heuristic, {"kind": "heuristic", "base_rule": {"config": {"max_turns": 5}}, "feature_names": []}
+    )
     assert main(["credit", runs, "--model", str(heuristic)]) == 2
     assert "tuned heuristic" in capsys.readouterr().err
 

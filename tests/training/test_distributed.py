@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from stopserve.errors import TrainingError
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.trace import read_traces
 from stopserve.training.evaluate import evaluate
@@ -195,8 +196,10 @@ def test_evaluate_mapped_over_partitions_gives_the_same_report(
     policy = fitted[1].policy()
     files = [str(f) for f in sim_files]
     files = files[:1]  # the sweep replays dozens of policies: one file is enough to compare
-    local = evaluate(policy, files, cost_share=0.3, cost_unit="ktokens", sweep=True)
-    mapped = evaluate(policy, files, cost_share=0.3, cost_unit="ktokens", sweep=True, backend=backend)
+    local = evaluate(policy, files, objective=Objective(cost_share=0.3), cost_unit="ktokens", sweep=True)
+    mapped = evaluate(
+        policy, files, objective=Objective(cost_share=0.3), cost_unit="ktokens", sweep=True, backend=backend
+    )
     assert mapped == local
 
 
@@ -234,14 +237,14 @@ def test_replays_on_the_workers_batch_predict_and_stop_where_decide_alone_does(
     dp = backend.decision_points(source, cost_unit="ktokens", normalize_cost=False, **options)  # type: ignore[arg-type]
     backend.client.run(_count_single_rows)
     try:
-        mapped = backend.replay(source, dp, lambda i: [policy], cost_share=0.3)
+        mapped = backend.replay(source, dp, lambda i: [policy], objective=Objective(cost_share=0.3))
     finally:
         counts = backend.client.run(_single_rows)
     here = []
     original = Forest.raw_one
     monkeypatch.setattr(Forest, "raw_one", lambda f, x: here.append(1) or original(f, x))
     # no X: decide scores every row itself
-    alone = replay_stops(iter(source), dp.offsets, lambda i: [policy], cost_share=0.3)
+    alone = replay_stops(iter(source), dp.offsets, lambda i: [policy], objective=Objective(cost_share=0.3))
     np.testing.assert_array_equal(mapped, alone)
     assert (alone >= 0).any() and len(here) > 0
     assert sum(counts.values()) == 0, counts  # on the workers every row's scores came from a batch

@@ -11,7 +11,8 @@ from eval_helpers import step_trace
 
 from stopserve.artifacts import save_model_dir
 from stopserve.cli import main
-from stopserve.errors import TrainingError
+from stopserve.errors import ConfigError
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Trace, write_traces
@@ -38,7 +39,7 @@ def test_every_policy_is_scored_against_behavior_and_oracle() -> None:
     traces, tune = _runs(20, 1), _runs(20, 2, prefix="t")
     rule = HeuristicRule(turn_cap=2)
     policy = Policy.from_manifest(TunedHeuristic("turn_cap", rule, 0.0, "usd", 5.0).manifest())
-    report = evaluate(policy, traces, lam=5.0, tune_on=tune, n_boot=200)
+    report = evaluate(policy, traces, objective=Objective(lam=5.0), tune_on=tune, n_boot=200)
     pols = report["policies"]
     assert set(pols) == {"behavior", *HEURISTICS, "learned", "oracle"}
     assert all(set(FIGURES) <= set(p) for p in pols.values())
@@ -66,7 +67,7 @@ def test_every_policy_is_scored_against_behavior_and_oracle() -> None:
 
 
 def test_without_tune_on_heuristics_are_cross_fitted_and_it_says_so() -> None:
-    report = evaluate(None, _runs(20, 3), lam=5.0, n_boot=50)
+    report = evaluate(None, _runs(20, 3), objective=Objective(lam=5.0), n_boot=50)
     assert "learned" not in report["policies"]
     assert report["heuristic_tuning"].startswith("cross-fitted")
     assert any("cross-fitted" in n for n in report["notes"])
@@ -85,33 +86,40 @@ def test_optimal_values_and_exactness_from_simulator_metrics() -> None:
         )
         for i in range(4)
     ]
-    report = evaluate(None, traces, lam=0.5, tune_on=traces, n_boot=50)
+    report = evaluate(None, traces, objective=Objective(lam=0.5), tune_on=traces, n_boot=50)
     assert report["exact"] is True and report["cost_unit"] == "ktokens"
     opt = report["policies"]["optimal"]
     assert opt["value"] == pytest.approx(0.99) and opt["gap_closed_optimal"] == pytest.approx(1.0)
     # behavior 1 - 0.5*4 = -1; oracle stops at turn 3: 1 - 1.5 = -0.5
     assert report["policies"]["behavior"]["value"] == pytest.approx(-1.0)
     assert report["policies"]["oracle"]["gap_closed_optimal"] == pytest.approx(0.5 / 1.99)
-    other = evaluate(None, traces, lam=0.1, tune_on=traces, n_boot=50)
+    other = evaluate(None, traces, objective=Objective(lam=0.1), tune_on=traces, n_boot=50)
     assert "optimal" not in other["policies"] and any("optimal" in n for n in other["notes"])
 
 
 def test_all_successes_at_no_cost_leave_no_gap_to_close() -> None:
     traces = [step_trace(f"r{i}", f"t{i}", 3, team=1.0) for i in range(4)]
-    report = evaluate(None, traces, lam=0.0, tune_on=traces, n_boot=50)
+    report = evaluate(None, traces, objective=Objective(lam=0.0), tune_on=traces, n_boot=50)
     assert report["policies"]["behavior"]["gap_closed"] is None
     assert report["policies"]["oracle"]["value"] == pytest.approx(1.0)
 
 
 def test_bad_lambda_and_cost_weights_are_refused() -> None:
-    with pytest.raises(TrainingError, match="lambda"):
-        evaluate(None, _runs(4, 1), lam=float("nan"))
-    with pytest.raises(TrainingError, match="not both"):
-        evaluate(None, _runs(4, 1), lam=1.0, cost_share=0.3)
+    with pytest.raises(ConfigError, match="lambda"):
+        evaluate(None, _runs(4, 1), objective=Objective(lam=float("nan")))
+    with pytest.raises(ConfigError, match="not both"):
+        evaluate(None, _runs(4, 1), objective=Objective(lam=1.0, cost_share=0.3))
 
 
 def _model_dir(tmp_path: Path, rule: SafetyConfig) -> Path:
-    manifest = {"kind": "heuristic", "rule": rule.to_dict(), "cost_unit": "usd", "default_lambda": 5.0}
+    config = {k: v for k, v in rule.to_dict().items() if k != "min_turns"}
+    manifest = {
+        "kind": "heuristic",
+        "base_rule": {"config": config},
+        "gates": {"reward_rule_min_turns": rule.min_turns},
+        "cost_unit": "usd",
+        "objective": {"lambda": 5.0},
+    }
     return save_model_dir(tmp_path / "model", manifest)
 
 
@@ -162,7 +170,7 @@ def test_real_swe_runs_replay(swe_dir: Path) -> None:
     assert np.unique(dp.group).size >= 3
     assert set(np.unique(dp.trace_q_final)) <= {0.0, 1.0}
     policy = Policy.safety_only(SafetyConfig(max_usd=0.5))
-    report = evaluate(policy, traces[::2], lam=0.3, group_by="repo", n_boot=100)
+    report = evaluate(policy, traces[::2], objective=Objective(lam=0.3), group_by="repo", n_boot=100)
     pols = report["policies"]
     assert pols["oracle"]["value"] >= pols["behavior"]["value"]
     assert pols["behavior"]["success"] == pytest.approx(float(dp.trace_q_final[::2].mean()))

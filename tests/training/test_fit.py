@@ -14,7 +14,8 @@ from fit_data import synth_trace, synth_traces
 
 from stopserve.artifacts import load_model_dir
 from stopserve.cli import build_parser, main
-from stopserve.errors import TrainingError
+from stopserve.errors import ConfigError, TrainingError
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.trace import Trace, write_traces
 from stopserve.training.evaluate import evaluate
@@ -32,22 +33,23 @@ def traces() -> list[Trace]:
 
 @pytest.fixture(scope="module")
 def fitted(traces: list[Trace]) -> PolicyLearner:
-    return PolicyLearner(lam=2.0, method="behavior", **FAST).fit(traces)
+    return PolicyLearner(objective=Objective(lam=2.0), method="behavior", **FAST).fit(traces)
 
 
 def test_learned_policy_beats_heuristics_on_a_learnable_signal(fitted: PolicyLearner) -> None:
     pol = fitted.cv_["policies"]
     m = fitted.manifest_
-    assert m["kind"] == "model" and fitted.chosen_ == "learned"
+    assert m.kind == "model" and fitted.chosen_ == "learned"
     assert pol["learned"]["value"] > pol["behavior"]["value"]
     assert pol["learned"]["value"] > pol[fitted.cv_["best_heuristic"]]["value"]
     assert pol["learned"]["value"] <= pol["oracle"]["value"] + 1e-12
     assert set(fitted.models_) == {"g", "k", "s"}  # what the behavior method reads, and S
-    assert m["guard"]["shipped"] == "learned model"
-    lo, hi = m["guard"]["difference_interval_90"]
-    assert lo >= 0 and lo <= m["guard"]["difference"] <= hi
-    assert m["training_data"]["n_traces"] == 160 and len(m["training_data"]["sha256"]) == 64
-    assert m["rule"] is not None and m["rule_name"] in m["cv"]["policies"]
+    assert m.guard is not None and m.training_data is not None and m.cv is not None
+    assert m.guard["shipped"] == "learned model"
+    lo, hi = m.guard["difference_interval_90"]
+    assert lo >= 0 and lo <= m.guard["difference"] <= hi
+    assert m.training_data["n_traces"] == 160 and len(m.training_data["sha256"]) == 64
+    assert m.base_rule is not None and m.base_rule.name in m.cv["policies"]
     assert fitted.timings_["lightgbm_train_s"] > 0
     # repetition / error features carry the signal
     top = list(fitted.importance_)[:10]
@@ -60,7 +62,7 @@ def test_evaluating_the_written_model_on_its_training_set_gives_the_guards_figur
     # one replay, the served one: the trainer's in-sample figure is what evaluate measures
     out = fitted.save(tmp_path / "m")
     policy = Policy.load(out)
-    report = evaluate(policy, traces, lam=2.0, n_boot=50)
+    report = evaluate(policy, traces, objective=Objective(lam=2.0), n_boot=50)
     assert report["policies"]["learned"]["value"] == pytest.approx(fitted.guard_["in_sample_value"], abs=1e-9)
 
 
@@ -73,16 +75,17 @@ def test_cross_validated_values_are_replays(fitted: PolicyLearner) -> None:
 
 
 def test_cost_share_is_resolved_from_the_mean_behavior_cost(traces: list[Trace], tmp_path: Path) -> None:
-    learner = PolicyLearner(cost_share=0.3, method="behavior", **FAST).fit(traces[:80])
+    learner = PolicyLearner(objective=Objective(cost_share=0.3), method="behavior", **FAST).fit(traces[:80])
     dp = learner.dp_
     mean = float(dp.trace_c_final.mean())
     m = learner.manifest_
-    assert m["default_lambda"] == pytest.approx(0.3 / mean)
-    assert m["default_cost_share"] == 0.3 and m["cost_scale"]["mean_behavior_cost"] == pytest.approx(mean)
-    # served with no lambda, the policy resolves the same weight
+    assert m.objective == Objective(cost_share=0.3, unit=dp.cost_unit)  # as asked, and once
+    assert m.cost_scale.kind == "fixed" and m.cost_scale.mean_behavior_cost == pytest.approx(mean)
+    assert learner.cv_["lambda"] == pytest.approx(0.3 / mean)
+    # served with no objective, the policy weighs cost as it was trained to
     policy = learner.policy()
-    assert policy.resolve(None, None) == (None, 0.3)
-    assert policy.resolve(1.0, None) == (1.0, None)
+    assert policy.resolve(None) == Objective(cost_share=0.3, unit=dp.cost_unit)
+    assert policy.resolve(Objective(lam=1.0)) == Objective(lam=1.0, unit=dp.cost_unit)
 
 
 def test_the_learner_reproduces_a_heuristic_it_cannot_beat(tmp_path: Path) -> None:
@@ -94,20 +97,20 @@ def test_the_learner_reproduces_a_heuristic_it_cannot_beat(tmp_path: Path) -> No
         solved_at = 1 if rng.random() < 0.6 else 99
         grades = [1.0 if s + 1 >= solved_at else 0.0 for s in range(n)]
         runs.append(step_trace(f"r{i}", f"t{i % 60}", n, grades=grades, team=grades[-1]))
-    learner = PolicyLearner(cost_share=0.5, **FAST).fit(runs)
+    learner = PolicyLearner(objective=Objective(cost_share=0.5), **FAST).fit(runs)
     pol = learner.cv_["policies"]
     best = learner.cv_["best_heuristic"]
     assert pol["learned"]["value"] >= pol[best]["value"] - 1e-9 or learner.chosen_ != "learned"
     # what ships is never below the best heuristic in its own in-sample replay
-    heur_only = PolicyLearner(cost_share=0.5, min_groups=10_000, **FAST).fit(runs)
-    assert heur_only.chosen_ != "learned" and heur_only.manifest_["kind"] == "heuristic"
+    heur_only = PolicyLearner(objective=Objective(cost_share=0.5), min_groups=10_000, **FAST).fit(runs)
+    assert heur_only.chosen_ != "learned" and heur_only.manifest_.kind == "heuristic"
     assert learner.guard_["in_sample_value"] >= heur_only.guard_["in_sample_value"] - 1e-9
 
 
 def test_too_little_data_ships_the_heuristic_and_says_so_plainly(capsys: pytest.CaptureFixture[str]) -> None:
     three = synth_traces(3, seed=1)
     learner = PolicyLearner(**FAST).fit(three)
-    assert learner.chosen_ != "learned" and learner.manifest_["kind"] == "heuristic"
+    assert learner.chosen_ != "learned" and learner.manifest_.kind == "heuristic"
     notes = " ".join(learner.notes_)
     assert "too little data" in notes and "3 groups" in notes
     if learner.guard_["shipped_rule"].startswith("never stop"):
@@ -116,18 +119,18 @@ def test_too_little_data_ships_the_heuristic_and_says_so_plainly(capsys: pytest.
 
 def test_the_model_version_names_its_kind_and_method_once() -> None:
     learner = PolicyLearner(**FAST).fit(synth_traces(3, seed=1))  # too little data: a heuristic ships
-    version = learner.manifest_["model_version"]
+    version = learner.manifest_.model_version
     assert version.startswith("heuristic-") and "heuristic-heuristic" not in version
 
 
 def test_optimal_method_fits_c_and_serves_it(traces: list[Trace], tmp_path: Path) -> None:
-    learner = PolicyLearner(lam=2.0, method="optimal", **FAST).fit(traces[:100])
+    learner = PolicyLearner(objective=Objective(lam=2.0), method="optimal", **FAST).fit(traces[:100])
     if learner.chosen_ == "learned":
         assert set(learner.models_) == {"c", "g", "s", "k"}
-        assert learner.manifest_["objective"]["lambda"] == 2.0
+        assert learner.manifest_.objective is not None and learner.manifest_.objective.lam == 2.0
     out = learner.save(tmp_path / "opt")
     policy = Policy.load(out)
-    report = evaluate(policy, traces[:100], lam=2.0, n_boot=50)
+    report = evaluate(policy, traces[:100], objective=Objective(lam=2.0), n_boot=50)
     assert report["policies"]["learned"]["value"] == pytest.approx(
         learner.guard_["in_sample_value"], abs=1e-9
     )
@@ -169,10 +172,12 @@ def test_bad_input_is_refused() -> None:
         PolicyLearner(folds=1).fit(synth_traces(10))
     with pytest.raises(TrainingError, match="method"):
         PolicyLearner(method="magic").fit(synth_traces(10))
-    with pytest.raises(TrainingError, match="not both"):
-        PolicyLearner(lam=1.0, cost_share=0.3).fit(synth_traces(10))
+    with pytest.raises(ConfigError, match="not both"):
+        PolicyLearner(objective=Objective(lam=1.0, cost_share=0.3)).fit(synth_traces(10))
+    with pytest.raises(TrainingError, match="objective must be an Objective"):
+        PolicyLearner(objective=0.3).fit(synth_traces(10))  # type: ignore[arg-type]
     with pytest.raises(TrainingError, match="per_run"):
-        PolicyLearner(lam=1.0, cost_scale="per_run").fit(synth_traces(10))
+        PolicyLearner(objective=Objective(lam=1.0), cost_scale="per_run").fit(synth_traces(10))
     with pytest.raises(TrainingError, match="unknown features"):
         PolicyLearner(features=["no_such_feature"]).fit(synth_traces(10))
     with pytest.raises(TrainingError, match="not fitted"):
@@ -180,8 +185,10 @@ def test_bad_input_is_refused() -> None:
 
 
 def test_scale_free_features_are_the_only_ones_read(traces: list[Trace]) -> None:
-    learner = PolicyLearner(lam=2.0, method="behavior", features="scale-free", **FAST).fit(traces[:100])
-    used = set(learner.manifest_["features_used"])
+    learner = PolicyLearner(
+        objective=Objective(lam=2.0), method="behavior", features="scale-free", **FAST
+    ).fit(traces[:100])
+    used = set(learner.manifest_.features_used)
     assert "tokens" not in used and "reward_latest" in used
     for name, share in learner.importance_.items():
         if name not in used:
@@ -197,8 +204,8 @@ def test_train_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert "guard:" in err and "chosen policy:" in err and "in-sample value" in err
     art = load_model_dir(out)
-    assert art.manifest["default_cost_share"] == 0.3  # the documented default
-    assert "mean_behavior_cost" in art.manifest["cost_scale"]
+    assert art.manifest.objective == Objective(cost_share=0.3, unit=art.manifest.cost_unit)  # the default
+    assert art.manifest.cost_scale.mean_behavior_cost is not None
 
 
 def test_train_help_shows_every_default() -> None:
@@ -231,8 +238,8 @@ def test_group_by_choices_match_the_labels_module() -> None:
 
 def test_min_turns_and_margins_recorded(fitted: PolicyLearner) -> None:
     m = fitted.manifest_
-    assert m["min_turns"] in (1, 2, 3)
-    stop, cont = m["margins"]["stop"], m["margins"]["continue"]
+    assert m.gates.model_min_turns in (1, 2, 3)
+    stop, cont = m.margins.stop, m.margins.continue_
     assert stop is None or math.isfinite(stop)
     assert cont is None or math.isfinite(cont)
     assert stop is not None or cont is not None  # a shipped model deviates from its rule somewhere
@@ -251,14 +258,16 @@ def test_each_model_declares_how_its_raw_score_is_read(traces: list[Trace]) -> N
     ]
     assert _targets(build_decision_points(wide))["s"].transform == "identity"
     raw = np.array([-1.0, 0.0, 2.0])
-    sig = Policy.from_manifest({"kind": "none", "models": {"s": {"transform": "sigmoid"}}})
-    ident = Policy.from_manifest({"kind": "none", "models": {"s": {"transform": "identity"}}})
-    assert sig._post("s", raw) == pytest.approx(1 / (1 + np.exp(-raw)))
-    assert ident._post("s", raw) == pytest.approx(raw)
+    sig = Policy.from_manifest(
+        {"format": "stopserve.model/2", "kind": "none", "models": {"s": {"transform": "sigmoid"}}}
+    )
+    ident = Policy.from_manifest({"format": "stopserve.model/2", "kind": "none", "models": {"s": {}}})
+    assert sig.transformed("s", raw) == pytest.approx(1 / (1 + np.exp(-raw)))
+    assert ident.transformed("s", raw) == pytest.approx(raw)
     # the shipped entries say it too
-    learner = PolicyLearner(lam=2.0, method="behavior", **FAST).fit(traces[:60])
+    learner = PolicyLearner(objective=Objective(lam=2.0), method="behavior", **FAST).fit(traces[:60])
     if learner.models_:
-        assert learner.manifest_["models"]["s"]["transform"] == "sigmoid"
+        assert learner.manifest_.models["s"].transform == "sigmoid"
 
 
 # --------------------------------------------------------------------------- issue 27: no leak, the rules
@@ -267,7 +276,7 @@ def test_each_model_declares_how_its_raw_score_is_read(traces: list[Trace]) -> N
 def test_a_folds_base_rule_never_depends_on_that_folds_own_traces(traces: list[Trace]) -> None:
     """Each fold's base rule (and so the optimal method's later rule on its rows) is chosen and
     tuned without that fold's traces: changing their outcomes changes nothing of it."""
-    learner = PolicyLearner(lam=2.0, method="optimal", **FAST).fit(traces)
+    learner = PolicyLearner(objective=Objective(lam=2.0), method="optimal", **FAST).fit(traces)
     folds = learner.cv_["fold_choices"]
     from stopserve.training.heuristics import group_folds
 
@@ -277,17 +286,19 @@ def test_a_folds_base_rule_never_depends_on_that_folds_own_traces(traces: list[T
         t.model_copy(update={"rewards": {"team": 1.0 - float(t.rewards["team"])}}) if fold[i] == 0 else t
         for i, t in enumerate(traces)
     ]
-    again = PolicyLearner(lam=2.0, method="optimal", **FAST).fit(flipped).cv_["fold_choices"]
+    again = (
+        PolicyLearner(objective=Objective(lam=2.0), method="optimal", **FAST).fit(flipped).cv_["fold_choices"]
+    )
     assert (again[0]["base"], again[0]["base_rule"]) == (folds[0]["base"], folds[0]["base_rule"])
 
 
 def test_never_stop_ships_named_as_such_where_no_rule_beats_the_end(tmp_path: Path) -> None:
     # every run succeeds only at its last step: no rule beats running to the end
     runs = [step_trace(f"r{i}", f"t{i}", 4 + i % 3, grades=[0.0] * (3 + i % 3) + [1.0]) for i in range(24)]
-    learner = PolicyLearner(lam=0.01, method="behavior", **FAST).fit(runs)
+    learner = PolicyLearner(objective=Objective(lam=0.01), method="behavior", **FAST).fit(runs)
     assert learner.cv_["best_heuristic"] == "never_stop"
-    assert learner.manifest_["rule_name"] in ("never_stop", "loop_detector")
-    assert learner.manifest_["rule_name"] != "reward_threshold"
+    base = learner.manifest_.base_rule
+    assert base is not None and base.name in ("never_stop", "loop_detector")
 
 
 def test_the_optimal_methods_later_rule_on_a_folds_rows_is_that_folds_own(traces: list[Trace]) -> None:
@@ -295,7 +306,7 @@ def test_the_optimal_methods_later_rule_on_a_folds_rows_is_that_folds_own(traces
     test traces included. Now each row's later rule fires where its own fold's rule does."""
     from stopserve.training.fit import TraceSource
 
-    learner = PolicyLearner(lam=2.0, method="optimal", **FAST)
+    learner = PolicyLearner(objective=Objective(lam=2.0), method="optimal", **FAST)
     learner._check_params()
     st = learner._prepare(TraceSource(traces), None, False, "task")
     learner._heuristics(st)
@@ -369,7 +380,7 @@ def test_a_retrain_learns_what_going_on_past_the_logged_stops_is_worth() -> None
     of "the run ended here" and "it went on" (about 0.6, what the cut rows taught before)."""
     from stopserve.training.fit import TraceSource
 
-    learner = PolicyLearner(lam=0.1, method="optimal", min_turns=1, **FAST)
+    learner = PolicyLearner(objective=Objective(lam=0.1), method="optimal", min_turns=1, **FAST)
     learner._check_params()
     st = learner._prepare(TraceSource(_cut_log(200)), "ktokens", False, "task")
     for name in ("g", "k", "s"):

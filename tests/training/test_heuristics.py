@@ -188,7 +188,7 @@ def test_a_tuned_family_is_named_for_the_rule_it_is() -> None:
     from stopserve.training.heuristics import TunedHeuristic
 
     off = TunedHeuristic("reward_threshold", HeuristicRule(), 0.0, "usd", 1.0)
-    assert off.display_name == "loop_detector" and off.manifest()["rule_name"] == "loop_detector"
+    assert off.display_name == "loop_detector" and off.manifest().base_rule.name == "loop_detector"  # type: ignore[union-attr]
     never = TunedHeuristic(
         "combination", HeuristicRule(loop=False, quality=False, proposals=False), 0.0, "usd", 1.0
     )

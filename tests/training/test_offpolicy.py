@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from logged_runs import branches, explored_stops, serve, true_value
 
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.trace import Trace
 from stopserve.training.heuristics import HeuristicRule, TunedHeuristic
@@ -72,7 +73,7 @@ def _expectations(
             logged.append((i, p, got.trace))
     traces = [Trace.model_validate(t) for _, _, t in logged]
     dp = build_decision_points(traces, cost_unit="ktokens")
-    stops = replay_decide(traces, dp, lambda _: list(TARGETS.values()), lam=LAM)
+    stops = replay_decide(traces, dp, lambda _: list(TARGETS.values()), objective=Objective(lam=LAM))
     # a wrong model of the value of going on, but one of the run's state (as a model is)
     weights = np.random.default_rng(0).normal(0.0, 1.0, dp.X.shape[1])
     v_hat = v_noise * np.sin(np.nan_to_num(dp.X) @ weights) if v_noise else None
@@ -114,7 +115,7 @@ def test_without_exploration_a_later_policy_is_unsupported_and_said_so(twins: li
     _, mu = continue_propensity(dp)
     assert (mu[dp.is_last & dp.logged_stop] == 0.0).all()  # a stop logged without exploration: no way on
     policies = {"later": TARGETS["later"], "earlier": TARGETS["earlier"]}
-    stops = replay_decide(traces, dp, lambda _: list(policies.values()), lam=LAM)
+    stops = replay_decide(traces, dp, lambda _: list(policies.values()), objective=Objective(lam=LAM))
     ev = evaluate_logged(policies, dp, {n: stops[j] for j, n in enumerate(policies)}, lam=LAM)
     later, earlier = ev.estimates["later"], ev.estimates["earlier"]
     assert later.unsupported > MAX_UNSUPPORTED * later.n_runs and not later.enough
@@ -139,7 +140,7 @@ def test_intervals_cover_the_truth_on_sampled_logs() -> None:
             logged.append(serve(LOGGER, twin, lam=LAM, epsilon=EPS, rho=RHO, explore=explore).trace)
         traces = [Trace.model_validate(t) for t in logged]
         dp = build_decision_points(traces, cost_unit="ktokens")
-        stops = replay_decide(traces, dp, lambda _: list(TARGETS.values()), lam=LAM)
+        stops = replay_decide(traces, dp, lambda _: list(TARGETS.values()), objective=Objective(lam=LAM))
         ev = evaluate_logged(TARGETS, dp, {n: stops[j] for j, n in enumerate(TARGETS)}, lam=LAM, seed=rep)
         for name in TARGETS:
             lo, hi = ev.estimates[name].dr_ci90
@@ -159,7 +160,7 @@ def test_a_figure_resting_on_a_few_heavy_weights_is_not_supported() -> None:
     traces = [Trace.model_validate(t) for t in logged]
     dp = build_decision_points(traces, cost_unit="ktokens")
     policies = {"never": TARGETS["never"], "turn cap": TARGETS["turn cap"]}
-    stops = replay_decide(traces, dp, lambda _: list(policies.values()), lam=LAM)
+    stops = replay_decide(traces, dp, lambda _: list(policies.values()), objective=Objective(lam=LAM))
     ev = evaluate_logged(policies, dp, {n: stops[j] for j, n in enumerate(policies)}, lam=LAM)
     never = ev.estimates["never"]
     truth = np.mean([true_value(TARGETS["never"], t, lam=LAM) for t in twins])
@@ -183,7 +184,7 @@ def test_a_paired_difference_reads_both_policies_on_the_same_runs(twins: list[di
     traces = [Trace.model_validate(t) for t in logged]
     dp = build_decision_points(traces, cost_unit="ktokens")
     policies = {"a": TARGETS["earlier"], "b": TARGETS["earlier"]}
-    stops = replay_decide(traces, dp, lambda _: list(policies.values()), lam=LAM)
+    stops = replay_decide(traces, dp, lambda _: list(policies.values()), objective=Objective(lam=LAM))
     ev = evaluate_logged(policies, dp, {n: stops[j] for j, n in enumerate(policies)}, lam=LAM)
     assert ev.difference("a", "b") == (0.0, (0.0, 0.0))
     assert ev.estimates["logged"].exact == dp.n_traces

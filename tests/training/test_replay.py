@@ -18,6 +18,7 @@ from fit_data import synth_traces
 
 from stopserve.importers import IMPORTERS
 from stopserve.inference import Forest
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.trace import Trace
 from stopserve.training.evaluate import _Fixed
@@ -46,8 +47,8 @@ def learned() -> dict[str, Policy]:
     traces = synth_traces(160, seed=3)
     out = {}
     for method in ("behavior", "optimal"):
-        learner = PolicyLearner(lam=2.0, method=method, **FAST).fit(traces)
-        assert learner.manifest_["kind"] == "model", learner.notes_
+        learner = PolicyLearner(objective=Objective(lam=2.0), method=method, **FAST).fit(traces)
+        assert learner.manifest_.kind == "model", learner.notes_
         out[method] = learner.policy()
     return out
 
@@ -82,7 +83,7 @@ def test_the_default_model_replays_the_same_stops_without_a_single_row_predict(
 ) -> None:
     dp = build_decision_points(mint, cost_unit=default_model.cost_unit)
     counting = _Counting(monkeypatch)
-    pf = [_Fixed(default_model, None, share) for share in (0.05, 0.3, 1.0, 3.0)]
+    pf = [_Fixed(default_model, Objective(cost_share=share)) for share in (0.05, 0.3, 1.0, 3.0)]
     alone = replay_stops(mint, dp.offsets, lambda i: pf)
     by_decide = counting.calls
     batched = replay_decide(mint, dp, lambda i: pf)
@@ -105,9 +106,9 @@ def test_learned_policies_of_every_method_replay_the_same_stops(
 
     counting = _Counting(monkeypatch)
     for lam in (0.0, 0.5, 2.0, 8.0):
-        alone = replay_stops(traces, dp.offsets, pf, lam=lam)
+        alone = replay_stops(traces, dp.offsets, pf, objective=Objective(lam=lam))
         by_decide = counting.calls
-        batched = replay_decide(traces, dp, pf, lam=lam)
+        batched = replay_decide(traces, dp, pf, objective=Objective(lam=lam))
         assert counting.calls == by_decide > 0
         np.testing.assert_array_equal(batched, alone)
 
@@ -118,12 +119,12 @@ def test_a_row_whose_features_differ_is_scored_by_decide(
     traces = synth_traces(40, seed=8)
     dp = build_decision_points(traces)
     policy = learned["behavior"]
-    alone = replay_stops(traces, dp.offsets, lambda i: [policy], lam=2.0)
+    alone = replay_stops(traces, dp.offsets, lambda i: [policy], objective=Objective(lam=2.0))
     # a matrix that is wrong on every other row: those rows must not take the batch's scores
     wrong = dp.X.copy()
     wrong[::2] += 1.0
     counting = _Counting(monkeypatch)
-    got = replay_stops(traces, dp.offsets, lambda i: [policy], lam=2.0, X=wrong)
+    got = replay_stops(traces, dp.offsets, lambda i: [policy], objective=Objective(lam=2.0), X=wrong)
     np.testing.assert_array_equal(got, alone)
     ends = np.where(alone[0] >= 0, alone[0], dp.offsets[1:] - 1)
     even = sum(int(np.sum(np.arange(a, b + 1) % 2 == 0)) for a, b in zip(dp.offsets[:-1], ends, strict=True))

@@ -27,6 +27,7 @@ from service._service_models import tiny_model
 from stopserve.artifacts import save_model_dir
 from stopserve.cli import main as cli
 from stopserve.model_store import ModelStore
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.training.heuristics import HeuristicRule, TunedHeuristic
 from stopserve.training.retrain import _heuristic_dir, _split, judge
@@ -42,7 +43,7 @@ def rule_dir(out: Path, version: str, threshold: float) -> Path:
     rule = TunedHeuristic(
         "h", HeuristicRule(loop=False, reward_threshold=threshold), math.nan, "ktokens", 0.0
     )
-    return save_model_dir(out, {**rule.manifest(), "model_version": version})
+    return save_model_dir(out, rule.manifest().updated(model_version=version))
 
 
 def _deploy(root: Path, threshold: float, epsilon: float, rho: float) -> dict[str, Any]:
@@ -243,7 +244,7 @@ def test_a_tuned_heuristic_that_beats_champion_and_candidate_is_the_one_promoted
         for name, path in (("champion", deployment["champion"]), ("early", deployment["candidate"]))
     }
     assert truth["early"] - truth["champion"] > 0.1
-    kw: dict[str, Any] = {"lam": 1.0, "objective": {"lam": 1.0}, "n_boot": 300, "cost_unit": "ktokens"}
+    kw: dict[str, Any] = {"lam": 1.0, "objective": Objective(lam=1.0), "n_boot": 300, "cost_unit": "ktokens"}
     got = judge(candidate, champion, held, heuristics=rules, heuristics_compete=True, **kw)
     assert got.promoted and got.winner == "heuristic early", got.reason
     lo, hi = got.evidence["difference"]["ci90"]
@@ -284,7 +285,7 @@ def test_a_tuned_heuristics_figure_is_its_own_whichever_candidate_is_judged_besi
     held = _held(deployment, tmp_path)
     champion = Policy.load(deployment["champion"])
     late = {"heuristic late": Policy.load(rule_dir(tmp_path / "late", "rule-0.95", 0.95))}
-    kw: dict[str, Any] = {"lam": 0.1, "objective": {"lam": 0.1}, "n_boot": 200, "cost_unit": "ktokens"}
+    kw: dict[str, Any] = {"lam": 0.1, "objective": Objective(lam=0.1), "n_boot": 200, "cost_unit": "ktokens"}
     figures = {}
     for sure, bias in (("goes on", -1.0), ("stops", 1.0)):
         candidate = Policy.load(tiny_model(tmp_path / sure, f"tiny-{bias}", stop_bias=bias))

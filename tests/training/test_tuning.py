@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 from fit_data import synth_traces
 
+from stopserve.policy import Deviation, stop_mask
 from stopserve.training.heuristics import HeuristicRule, policy_mask, replay, tune_heuristics
 from stopserve.training.labels import build_decision_points
-from stopserve.training.tuning import PESSIMISM, learned_mask, tune_policy
+from stopserve.training.tuning import ALL_RULES, PESSIMISM, tune_policy
 
 
 def _score(dp, v, fires, lam, m_s, m_c, mt):  # type: ignore[no-untyped-def]
     ref = replay(dp, policy_mask(dp, fires), lam).value
-    mask = learned_mask(dp, v, fires, margin_stop=m_s, margin_continue=m_c, min_turns=mt)
+    mask = stop_mask(dp, v, fires, Deviation(m_s, m_c, mt, ALL_RULES))
     gain = replay(dp, mask, lam).value - ref
     return gain.mean() - PESSIMISM * gain.std() / math.sqrt(gain.size), gain.mean()
 

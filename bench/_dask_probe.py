@@ -64,6 +64,9 @@ def main() -> int:
 
     opts: dict[str, Any] = json.loads(options)
     fit_kw = {k: opts.pop(k) for k in ("cost_unit", "group_by") if k in opts}
+    from stopserve.objective import Objective
+
+    opts["objective"] = Objective.of(opts.pop("lam", None), opts.pop("cost_share", None))
     backend: Any = None
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()

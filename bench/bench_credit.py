@@ -71,7 +71,8 @@ def _train(traces: Path, out: Path, section: Section, *extra: str) -> Path | Non
         return out
     guard = manifest.get("guard", {})
     section.skip(
-        f"`stopserve train {traces.name}` shipped the tuned heuristic {manifest.get('rule_name')!r} "
+        f"`stopserve train {traces.name}` shipped the tuned heuristic "
+        f"{(manifest.get('base_rule') or {}).get('name', manifest.get('rule_name'))!r} "
         f"(learned − heuristic {fmt(guard.get('difference'))} per run, 90% interval "
         f"{guard.get('difference_interval_90')}): "
         "credit reads the learned value, which this training did not ship"
@@ -204,8 +205,8 @@ def _simulator(work: Path, size: str, section: Section, noise: float | None) -> 
             "path": model.name,
             "method": manifest.get("method"),
             "version": manifest.get("model_version"),
-            "cost_share": manifest.get("default_cost_share"),
-            "lambda": manifest.get("default_lambda"),
+            "cost_share": (manifest.get("objective") or {}).get("cost_share"),
+            "lambda": (manifest.get("objective") or {}).get("lambda"),
         },
         "train": n_train,
         "test": n_test,

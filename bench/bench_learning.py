@@ -53,6 +53,7 @@ from servers import LiveServer
 
 from stopserve.features import RunState
 from stopserve.model_store import ModelStore
+from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.trace import Trace, is_decision_point
 from stopserve.training.deploy import drive, end_value, prefix_values, run_cost
@@ -117,7 +118,8 @@ def policy_stop(
         state.fold(ev)
         if is_decision_point(ev):
             proposed = ev.type == "stop" and bool(ev.proposed)
-            if policy.decide(state, lam=lam, cost_share=cost_share, proposed_stop=proposed).action == "stop":
+            worth = Objective.of(lam, cost_share)
+            if policy.decide(state, objective=worth, proposed_stop=proposed).action == "stop":
                 return k
     return None
 

@@ -19,6 +19,7 @@ from stopserve.artifacts import load_model_dir, save_model_dir
 from stopserve.errors import ConfigError, ModelError
 from stopserve.features import FEATURE_NAMES, RunState
 from stopserve.inference import ZERO_THRESHOLD, Forest, clear_compiled, probe_rows, resolve_engine
+from stopserve.objective import Objective
 from stopserve.policy import METHOD_MODELS, Policy
 from stopserve.trace import Event, is_decision_point
 
@@ -157,7 +158,7 @@ def _decisions(policy: Policy, n_runs: int = 12) -> list[tuple[Any, ...]]:
             ev = Event.model_validate(d)
             state.fold(ev)
             if is_decision_point(ev):
-                for kw in ({}, {"lam": 0.05}, {"proposed_stop": True}):
+                for kw in ({}, {"objective": Objective(lam=0.05)}, {"proposed_stop": True}):
                     dec = policy.decide(state, **kw)
                     out.append((dec.action, dec.reason, dec.v_stop, dec.q_stop, dec.cost_to_go, dec.degraded))
     return out

@@ -40,5 +40,6 @@ def tiny_model(
         "cost_unit": "ktokens",
         "margins": {"stop": 0.0, "continue": margin_continue},
         "gates": {"model_min_turns": 0},
+        "overrules": ["proposed", "rule"],
     }
     return save_model_dir(out, manifest, texts)

@@ -33,7 +33,7 @@ def rule_dir(out: Path, version: str, threshold: float) -> Path:
     rule = TunedHeuristic(
         "h", HeuristicRule(loop=False, reward_threshold=threshold), math.nan, "ktokens", 0.0
     )
-    return save_model_dir(out, {**rule.manifest(), "model_version": version})
+    return save_model_dir(out, rule.manifest().updated(model_version=version))
 
 
 def runs(n: int, seed: int) -> list[dict[str, Any]]:

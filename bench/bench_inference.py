@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         sec.skip(f"could not load models/default: {exc}")
         sec.emit(args.out)
         return 0
-    method = str(artifact.manifest.get("method"))
+    method = artifact.manifest.method
     names = policy_mod.METHOD_MODELS.get(method, tuple(artifact.models))
     texts = {n: artifact.models[n] for n in names}
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="stopserve-bench-"))

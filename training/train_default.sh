@@ -57,8 +57,7 @@ from stopserve.artifacts import load_model_dir, save_model_dir
 
 path, mint_n, ic_n, sim_n, seed = sys.argv[1:]
 art = load_model_dir(path)
-manifest = {k: v for k, v in art.manifest.items() if k not in ("format", "files")}
-data = dict(manifest.get("training_data") or {})
+data = dict(art.manifest.training_data or {})
 data["command"] = f"MINT_N={mint_n} IC_N={ic_n} SIM_N={sim_n} SEED={seed} training/train_default.sh"
 data["sources"] = (
     "twelve systems (stopserve.training.corpus.system_family), every one held out whole in turn: "
@@ -83,8 +82,7 @@ data["not_good_for"] = (
     "saving much on your system: it is cautious by design (a premature stop costs a whole run). Train your "
     "own with `stopserve train` on your traces (it ships only if it beats the heuristics tuned on them)"
 )
-manifest["training_data"] = data
-save_model_dir(path, manifest, art.models)
+save_model_dir(path, art.manifest.updated(training_data=data, files={}), art.models)
 PY
 
 rm -rf "$OUT.new" && cp -r "$work/model" "$OUT.new"

@@ -38,7 +38,7 @@ def test_the_default_model_is_served_with_the_default_nets_and_rules(default_ser
     assert nets["quality_met"] == 1.0 and nets.get("quality_channel", "quality") == "quality"
     manifest = info["manifest"]
     # no hidden quality target: the base rule holds no reward threshold below 1.0
-    assert manifest["rule"].get("quality_met") is None, manifest["rule_text"]
+    assert manifest["base_rule"]["config"].get("quality_met") is None, manifest["base_rule"]["text"]
     # the default may not overrule the loop detector or quality_met, and stops on evidence only
     assert set(manifest["overrules"]) <= {"rule", "proposed"} and manifest["stop_on"] == "evidence"
 

@@ -384,9 +384,10 @@ class Policy:
     # ----------------------------------------------------------------- the value of continuing
 
     def resolve(self, objective: Objective | None) -> Objective:
-        """The objective a decision uses: the request's (in the model's cost unit), else the model's."""
+        """The objective a decision uses: the request's (per the model's cost unit), else the model's."""
         if objective is not None:
-            return objective.in_unit(self.cost_unit)
+            # the request's unit is implied (the model's) unless it names another: then an error
+            return objective if objective.unit is None else objective.in_unit(self.cost_unit)
         return self.objective if self.objective is not None else _FREE
 
     def values(

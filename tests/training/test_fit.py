@@ -85,7 +85,9 @@ def test_cost_share_is_resolved_from_the_mean_behavior_cost(traces: list[Trace],
     # served with no objective, the policy weighs cost as it was trained to
     policy = learner.policy()
     assert policy.resolve(None) == Objective(cost_share=0.3, unit=dp.cost_unit)
-    assert policy.resolve(Objective(lam=1.0)) == Objective(lam=1.0, unit=dp.cost_unit)
+    assert policy.resolve(Objective(lam=1.0)) == Objective(lam=1.0)
+    with pytest.raises(ConfigError, match="per seconds"):
+        policy.resolve(Objective(lam=1.0, unit="seconds"))
 
 
 def test_the_learner_reproduces_a_heuristic_it_cannot_beat(tmp_path: Path) -> None:

@@ -359,6 +359,11 @@ class Summarizer:
         self.files: dict[str, int] = {}
         self.notes: list[str] = []
 
+    @property
+    def n_runs(self) -> int:
+        """Runs folded so far."""
+        return len(self._runs)
+
     # ------------------------------------------------------------------ the fold
 
     def add(self, kind: RecordKind, rec: dict[str, Any]) -> None:

@@ -90,12 +90,16 @@ def _check_dir(text: str) -> Path:
 
 
 def _say_problems(s: Summary, command: str) -> None:
-    """One line on stderr: the first thing that could not be read, and how many more."""
+    """One line on stderr: the first thing that could not be read, and how many more (or why nothing)."""
     if s.n_problems:
-        more = f" (and {s.n_problems - 1} more problems)" if s.n_problems > 1 else ""
-        print(f"{command}: {s.problems[0]}{more}; the rest was read", file=sys.stderr)
-    for note in s.notes:
-        print(f"{command}: {note}", file=sys.stderr)
+        more = [f"{s.n_problems - 1} more problems"] if s.n_problems > 1 else []
+        unreadable = sum(1 for note in s.notes if note.endswith("(not a stopserve log?)"))
+        if unreadable:
+            more.append(f"{unreadable} file{'s' if unreadable > 1 else ''} with nothing readable")
+        said = f" (and {', '.join(more)})" if more else ""
+        print(f"{command}: {s.problems[0]}{said}; the rest was read", file=sys.stderr)
+    elif s.notes:
+        print(f"{command}: {s.notes[0]}", file=sys.stderr)
 
 
 def _text(s: Summary) -> str:

@@ -29,10 +29,26 @@ def _loop(c: httpx.Client, run_id: str) -> dict[str, Any]:
     answer: dict[str, Any] = {}
     for i in range(12):
         events = [
-            {"id": f"{run_id}-u{i}", "t": t, "type": "tool_use", "agent": "coder", "tool": "bash",
-             "content_ref": LOOP_REF, "tokens": 500, "snippet": SNIPPET},
-            {"id": f"{run_id}-r{i}", "t": t + 1, "type": "return", "agent": "bash", "tool": "bash",
-             "content_ref": RESULT_REF, "error": True, "tokens": 200},
+            {
+                "id": f"{run_id}-u{i}",
+                "t": t,
+                "type": "tool_use",
+                "agent": "coder",
+                "tool": "bash",
+                "content_ref": LOOP_REF,
+                "tokens": 500,
+                "snippet": SNIPPET,
+            },
+            {
+                "id": f"{run_id}-r{i}",
+                "t": t + 1,
+                "type": "return",
+                "agent": "bash",
+                "tool": "bash",
+                "content_ref": RESULT_REF,
+                "error": True,
+                "tokens": 200,
+            },
         ]
         t += 2
         answer = c.post(f"/v1/runs/{run_id}/decide", json={"events": events}).raise_for_status().json()
@@ -45,10 +61,24 @@ def _steps(c: httpx.Client, run_id: str, n: int, *, safety: dict[str, Any] | Non
     answer: dict[str, Any] = {}
     for i in range(n):
         events = [
-            {"id": f"{run_id}-u{i}", "t": 2.0 * i, "type": "tool_use", "agent": "coder", "tool": "bash",
-             "content_ref": f"sha256:{i + 1:016x}", "tokens": 600},
-            {"id": f"{run_id}-r{i}", "t": 2.0 * i + 1, "type": "return", "agent": "bash", "tool": "bash",
-             "content_ref": f"sha256:{i + 1001:016x}", "tokens": 200},
+            {
+                "id": f"{run_id}-u{i}",
+                "t": 2.0 * i,
+                "type": "tool_use",
+                "agent": "coder",
+                "tool": "bash",
+                "content_ref": f"sha256:{i + 1:016x}",
+                "tokens": 600,
+            },
+            {
+                "id": f"{run_id}-r{i}",
+                "t": 2.0 * i + 1,
+                "type": "return",
+                "agent": "bash",
+                "tool": "bash",
+                "content_ref": f"sha256:{i + 1001:016x}",
+                "tokens": 200,
+            },
         ]
         body: dict[str, Any] = {"events": events}
         if safety is not None:
@@ -92,6 +122,8 @@ def promote(store_dir: Path, model_dir: Path) -> None:
             "candidate": {"version": "cand-1"},
         }
 
-    store.log({"kind": "refusal", "reason": "not better on the 60 held-out runs", "evidence": evidence(0.30, 0.29, 60)})
+    refused = evidence(0.30, 0.29, 60)
+    store.log({"kind": "refusal", "reason": "not better on the 60 held-out runs", "evidence": refused})
     time.sleep(0.01)
-    store.promote(model_dir, version="cand-2", previous=None, evidence={**evidence(0.31, 0.36, 90), "reason": "better"})
+    better = {**evidence(0.31, 0.36, 90), "reason": "better"}
+    store.promote(model_dir, version="cand-2", previous=None, evidence=better)

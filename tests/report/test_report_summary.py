@@ -95,7 +95,7 @@ def test_success_by_how_runs_ended(served: tuple[Path, dict[str, dict[str, Any]]
 
 
 def test_timeline_of_a_run_is_every_decision_in_order(served: tuple[Path, dict[str, dict[str, Any]]]) -> None:
-    log_dir, last = served
+    log_dir, _ = served
     s = summarize_dirs([log_dir])
     points = s.timelines["loop-1"]
     logged = [
@@ -124,8 +124,10 @@ def test_challengers_agreement_and_where_they_would_stop() -> None:
     s = Summarizer()
     base = {"kind": "decision", "ts": 1.0, "turn": 1}
     for seq, (ours, theirs) in enumerate([("continue", "continue"), ("continue", "stop"), ("stop", "stop")]):
-        s.add("decision", {**base, "run_id": "r", "seq": seq, "action": ours, "challengers": {"c": {"action": theirs}}})
-    s.add("decision", {**base, "run_id": "q", "seq": 0, "action": "stop", "challengers": {"c": {"action": "continue"}}})
+        shadow = {"c": {"action": theirs}}
+        s.add("decision", {**base, "run_id": "r", "seq": seq, "action": ours, "challengers": shadow})
+    shadow = {"c": {"action": "continue"}}
+    s.add("decision", {**base, "run_id": "q", "seq": 0, "action": "stop", "challengers": shadow})
     (row,) = s.summary().models.challengers
     assert (row.name, row.decisions, row.agreed) == ("c", 4, 2)
     assert (row.earlier, row.same, row.later) == (1, 0, 1)

@@ -41,7 +41,7 @@ class _Follow:
 
 
 def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
 
 
 class LiveLogs:

@@ -43,7 +43,7 @@ def ui_router(settings: Settings) -> APIRouter:
     """The live page's routes for an app built with ``settings`` (nothing is read until a look)."""
     from stopserve.report.live import LiveLogs
 
-    router = APIRouter(tags=["ui"])
+    router = APIRouter(tags=["ui"], include_in_schema=False)  # a page, not the API (docs/service.md)
     token = settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
     live = (
         LiveLogs(settings.log_dir, model_store=settings.resolved_model_store())

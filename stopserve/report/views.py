@@ -3,9 +3,9 @@
 Charts are Plotly figures (``plotly.graph_objects``, drawn by plotly.js in the browser), the
 page a Jinja2 template (``templates/report.html.j2``, autoescaped: run ids, reasons and the
 snippets users log are text, never markup). Both come with the ``[report]`` extra. The
-report inlines plotly.js (MIT licence, shipped inside the ``plotly`` Python package), so
-the file opens with no network; the live page links it from the service instead
-(``plotly_src``), so a refresh does not send 4.8 MB again.
+report inlines plotly.js (its basic partial bundle, 1.2 MB, MIT licence, vendored in
+``vendor/``: the figures are scatter and bar traces only), so the file opens with no
+network; the live page links it from the service instead (``plotly_src``).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from stopserve.extras import require
-from stopserve.report.summary import END_KINDS, Summary
+from stopserve.report.summary import END_KINDS, DecisionPoint, Summary
 
 __all__ = ["COLORS", "plotly_js", "render"]
 
@@ -48,12 +48,11 @@ def _require() -> None:
 
 @functools.cache
 def plotly_js() -> str:
-    """plotly.js, minified, as the ``plotly`` package ships it (MIT licence)."""
+    """plotly.js 4.1.1's basic bundle (scatter, bar, pie; MIT licence), vendored: vendor/README.md."""
     _require()
-    from plotly.offline import get_plotlyjs
+    from importlib.resources import files
 
-    js: str = get_plotlyjs()
-    return js
+    return files("stopserve.report").joinpath("vendor", "plotly-basic.min.js").read_text(encoding="utf-8")
 
 
 @functools.cache
@@ -251,7 +250,7 @@ def render(s: Summary, *, live: bool = False, plotly_src: str | None = None, ref
             plotly_src=plotly_src,
             plotly_js=plotly_js() if plotly_src is None else "",
             figs=_figures(s),
-            timelines={rid: [asdict(p) for p in pts] for rid, pts in s.timelines.items()},
+            timelines={rid: [_point(p) for p in pts] for rid, pts in s.timelines.items()},
             unit=s.cost.unit,
             width=_WIDTHS.get(s.bin_seconds, f"{s.bin_seconds:g}-second"),
             success_rate=_pct(successes, labelled),
@@ -263,6 +262,14 @@ def render(s: Summary, *, live: bool = False, plotly_src: str | None = None, ref
             runlink=runlink,
         )
     )
+
+
+_POINT_FIELDS: Final = tuple(f.name for f in fields(DecisionPoint))
+
+
+def _point(p: DecisionPoint) -> dict[str, Any]:
+    """A decision point as the page's JSON (not ``asdict``: its deep copy costs more than the page)."""
+    return {name: getattr(p, name) for name in _POINT_FIELDS}
 
 
 def _hash_id(run_id: str) -> str:

@@ -90,7 +90,7 @@ def ui_router(settings: Settings) -> APIRouter:
 
     @router.get("/ui/plotly.min.js", summary="plotly.js for the live page (MIT licence)")
     async def plotly(request: Request, credentials: _Creds) -> Response:
-        """plotly.js as the plotly package ships it; cached by the browser (it changes with the package)."""
+        """plotly.js (the report's vendored basic bundle); cached by the browser, revalidated by ETag."""
         authorize(request, credentials)
         extra()
         from stopserve.report.views import plotly_js

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+from servers import LiveServer
+
 from stopserve.service.metrics import Metrics
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "stopserve.json"
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "docs" / "grafana" / "stopserve.json"
 _NAME = re.compile(r"\bstopserve_[a-z_]+\b")
 _BY = re.compile(r"\bby\s*\(([^)]*)\)")
 _SELECTOR = re.compile(r"(stopserve_[a-z_]+)\{([^}]*)\}")
@@ -98,3 +105,39 @@ def test_the_panels_tile_the_grid_without_overlap() -> None:
         assert panel["id"] not in ids
         ids.add(panel["id"])
         assert panel["datasource"]["uid"] == "${datasource}"
+
+
+def test_the_vendored_plotly_bundle_is_the_version_the_plotly_package_builds_for() -> None:
+    from plotly.offline import get_plotlyjs
+
+    from stopserve.report.views import plotly_js
+
+    version = re.compile(r"plotly\.js (?:\(basic - minified\) )?(v\d+\.\d+\.\d+)")
+    ours, theirs = version.search(plotly_js()[:300]), version.search(get_plotlyjs()[:300])
+    assert ours and theirs and ours.group(1) == theirs.group(1), "update stopserve/report/vendor (README.md)"
+
+
+@pytest.mark.slow
+def test_every_panel_evaluates_on_a_real_prometheus_scraping_a_real_service(tmp_path: Path) -> None:
+    """Debian's prometheus scrapes a live stopserve under real calls; every panel's PromQL is accepted."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("no prometheus binary: apt-get install prometheus")
+    spec = importlib.util.spec_from_file_location("grafana_preview", ROOT / "scripts" / "grafana_preview.py")
+    assert spec is not None and spec.loader is not None
+    preview = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(preview)
+    dashboard = json.loads(DASHBOARD.read_text())
+    with LiveServer(log_dir=tmp_path / "logs") as server:
+        proc, prom = preview.start_prometheus(server.url.removeprefix("http://"), tmp_path)
+        try:
+            start = time.time()
+            preview.traffic(server.url, 20.0)
+            time.sleep(3)
+            results = preview.evaluate(prom, dashboard, start, time.time())  # raises on a refused expression
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    by_title = {p["title"]: results[p["id"]] for p in dashboard["panels"]}
+    for title in ("Decisions per second, by action", "Decide latency (log write included)", "Live runs"):
+        assert any(s["values"] for s in by_title[title]), f"{title}: no data from a live service"
+    assert "<div class='grid'>" in preview.render(dashboard, results)

@@ -4,12 +4,11 @@ Grafana itself cannot be installed here (no Docker, and no registry this machine
 packages a Grafana server: Debian has only Grafana's Go libraries, PyPI and npm only clients
 and UI components), so this is the honest stand-in: Debian's ``prometheus`` scrapes a
 ``stopserve serve`` on a loopback port every second while real decide and outcome calls go
-in; each panel's PromQL is evaluated by that Prometheus (``/api/v1/query_range``) exactly as
-Grafana would send it (``$__rate_interval`` as Grafana sets it for a 1 s scrape: 4 s ... here
-15 s), and the results are drawn with Plotly in the dashboard's own grid. Headless Chromium
-takes the screenshot::
+in; each panel's PromQL is evaluated by that Prometheus (``/api/v1/query_range``) as Grafana
+would send it (``$__rate_interval`` replaced by 15 s), and the results are drawn with Plotly in
+the dashboard's own grid. Headless Chromium takes the screenshot::
 
-    python scripts/grafana_preview.py --seconds 90 --out docs/grafana/preview.html --png docs/grafana-dashboard.png
+    python scripts/grafana_preview.py --seconds 90 --out preview.html --png docs/grafana-dashboard.png
 
 Needs ``prometheus`` (apt-get install prometheus), ``chromium``, the [report] extra.
 """
@@ -180,10 +179,11 @@ def render(dashboard: dict[str, Any], results: dict[int, list[dict[str, Any]]]) 
             body = pio.to_html(fig, include_plotlyjs=False, full_html=False, config={"displayModeBar": False})
         cells.append(f'<div class="panel" style="{style}"><h3>{panel["title"]}</h3>{body}</div>')
     return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>stopserve dashboard (rendered from Prometheus)"
-        "</title><style>body{background:#111217;color:#ccccdc;font:13px system-ui;margin:12px}"
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        "<title>stopserve dashboard (rendered from Prometheus)</title><style>body{background:#111217;color:#ccccdc;font:13px system-ui;margin:12px}"
         ".grid{display:grid;grid-template-columns:repeat(24,1fr);grid-auto-rows:30px;gap:6px}"
-        ".panel{background:#181b1f;border:1px solid #2c3235;border-radius:3px;padding:4px 8px;overflow:hidden}"
+        ".panel{background:#181b1f;border:1px solid #2c3235;border-radius:3px;padding:4px 8px;"
+        "overflow:hidden}"
         "h3{margin:2px 0 4px;font-size:13px;font-weight:500}.stat{display:inline-block;margin:6px 14px}"
         ".stat b{display:block;font-size:26px;color:#73bf69}.stat span{font-size:11px}"
         ".nodata{color:#6e7280;padding:30px;text-align:center}</style>"
@@ -231,11 +231,26 @@ def main() -> int:
     dashboard = json.loads(DASHBOARD.read_text())
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        with LiveServer(log_dir=work / "logs") as server:
+        # a shadow challenger (a copy of the shipped model), one reload, runs left idle past a short
+        # TTL: so the challenger, reload and eviction panels have data too
+        env = {"STOPSERVE_ADMIN_TOKEN": "preview", "STOPSERVE_RUN_TTL_S": "5"}
+        with LiveServer(log_dir=work / "logs", env=env) as server:
             prom_proc, prom = start_prometheus(server.url.removeprefix("http://"), work)
             try:
                 start = time.time()
-                runs = traffic(server.url, args.seconds)
+                from stopserve.settings import default_model_dir
+
+                auth = {"Authorization": "Bearer preview"}
+                model = str(default_model_dir())
+                httpx.post(
+                    f"{server.url}/v1/admin/challengers",
+                    json={"model_dir": model, "name": "copy"},
+                    headers=auth,
+                    timeout=120,
+                ).raise_for_status()
+                runs = traffic(server.url, args.seconds / 2)
+                httpx.post(f"{server.url}/v1/admin/reload", headers=auth, timeout=120).raise_for_status()
+                runs += traffic(server.url, args.seconds / 2, seed=1)
                 time.sleep(3)
                 results = evaluate(prom, dashboard, start, time.time())
             finally:

@@ -31,6 +31,7 @@ _RUNNERS: Final[dict[str, str]] = {
     "simulate": "stopserve.training.simulate.cli:simulate_command",
     "credit": "stopserve.training.credit:credit_command",
     "serve": "stopserve.service.app:serve_command",
+    "report": "stopserve.report.commands:report_command",
     "hook claude-code": "stopserve.hooks.run:hook_command",
     "hook codex": "stopserve.hooks.run:hook_command",
     "hook install": "stopserve.hooks.install:install_command",
@@ -425,6 +426,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-model", action="store_true", help="run on safety nets alone")
 
+    p = sub.add_parser(
+        "report",
+        help="what the service stopped, why, and what that saved: text, JSON or one HTML page",
+        description="Read a log directory (the service's decisions.jsonl, traces.jsonl, rotated files, "
+        "models/promotions.jsonl; or a hook's state directory) and summarise it: runs over time, stops by "
+        "reason, rule and net, loops caught, cost spent and saved (estimated), success, each run's decision "
+        "timeline, champion and promotions. Unreadable lines are skipped and named; the rest is shown.",
+    )
+    p.add_argument("logdir", metavar="LOGDIR", help="the service's log directory (STOPSERVE_LOG_DIR)")
+    p.add_argument(
+        "--html",
+        metavar="OUT.html",
+        help="write one self-contained HTML page (no network needed to view it; the [report] extra)",
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument(
+        "--model-store", metavar="DIR", help="the model store (default <LOGDIR>/models, as the service's)"
+    )
+    p.add_argument(
+        "--cost-unit",
+        choices=("ktokens", "usd", "seconds"),
+        help="cost unit shown (default: the unit of the models that decided, else ktokens)",
+    )
+    p.add_argument(
+        "--success-at", type=float, default=0.5, help="a run with rewards.team at least this is a success"
+    )
+
     p = sub.add_parser("hook", help="stopserve as the Stop and tool hook of Claude Code and Codex CLI")
     actions = p.add_subparsers(dest="hook_action", metavar="ACTION")
     actions.required = True
@@ -457,6 +485,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--state-dir", metavar="DIR", help="the hook's state directory")
     r.add_argument("--fail-below", type=float, default=0.5, help="a reward below this is a failure (0.5)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.add_argument(
+        "--html",
+        metavar="OUT.html",
+        help="write the hook's decisions as one self-contained HTML page (stopserve report's views)",
+    )
+    r.add_argument(
+        "--log-dir", metavar="DIR", help="with --html: also read the service's logs (costs, outcomes, models)"
+    )
     d = actions.add_parser(
         "doctor", help="are the hooks installed, trusted (Codex), allowed (HTTP), reaching the service, run?"
     )

@@ -25,6 +25,7 @@ EXTRAS: Final[dict[str, str]] = {
     "dask": "--dask and features --parquet (dask, distributed, lightgbm.dask, pyarrow)",
     "fast": "compiled inference (treelite, tl2cgen; gcc where the library is built)",
     "integrations": "AutoGen, LangGraph and OpenAI Agents SDK integrations",
+    "report": "stopserve report --html, hook report --html and the live page GET /ui (plotly, jinja2)",
 }
 
 

@@ -132,7 +132,12 @@ def _pct(x: float | None) -> str:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    """``stopserve hook report``."""
+    """``stopserve hook report`` (``--html OUT``: the page ``stopserve report`` draws, of the hook's logs)."""
+    if getattr(args, "html", None):
+        from stopserve.report.commands import report_command as html_report
+
+        args.success_at = args.fail_below
+        return html_report(args)
     state = StateDir(args.state_dir)
     numbers = report(state.records("decisions.jsonl"), _labels(state), fail_below=args.fail_below)
     if args.json:

@@ -77,6 +77,7 @@ from stopserve.ids import RUN_ID_PATTERN
 from stopserve.service.engine import Engine, load_policy
 from stopserve.service.errors import error_response, install_error_handlers
 from stopserve.service.metrics import CONTENT_TYPE, Metrics
+from stopserve.service.routes.ui import ui_router
 from stopserve.settings import Settings, load_settings
 
 __all__ = ["app_from_env", "create_app", "serve_command"]
@@ -670,6 +671,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine.update_gauges()
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
+    app.include_router(ui_router(settings))
     return app
 
 

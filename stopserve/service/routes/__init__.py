@@ -1,0 +1,1 @@
+"""The service's routes: one APIRouter per resource, included by ``create_app``."""

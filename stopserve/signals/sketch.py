@@ -12,8 +12,7 @@ How a sketch is made (``docs/trace-format.md``, "Content sketches", says why):
    ``MAX_CHARS // 2`` are kept;
 2. :func:`normalise`: ASCII letters lower-cased, every run of characters holding a digit
    (numbers, timestamps, hex ids, UUIDs, addresses, line numbers, temp names) folded to
-   ``0``, as are hex runs of 8+ letters and ``tmpXXXXXXXX`` names; punctuation becomes
-   space;
+   ``0``, as are ``tmpXXXXXXXX`` names without a digit; punctuation becomes space;
 3. shingles: each run of :data:`SHINGLE` consecutive words (a text of fewer words is one
    shingle), each hashed with CRC-32 (``zlib``: the same on every machine, process and
    Python version; Python's own ``hash()`` is salted and never used);
@@ -23,8 +22,9 @@ How a sketch is made (``docs/trace-format.md``, "Content sketches", says why):
    MinHash, Li & König 2010): 128 four-bit values, written as 128 hex digits after the
    version prefix ``mh1:``.
 
-Only the standard library is imported: the ``stopserve hook`` process sketches with this
-module (no numpy, no pydantic).
+Only the standard library and orjson are imported: the ``stopserve hook`` process sketches
+with this module (no numpy, no pydantic). Every step is a C-level pass (regex, translate,
+split, map, sort, dict); ``bench/bench_sketch.py`` measures the cost per event.
 
 >>> a = sketch("Traceback: error at 2026-05-01T10:00:00Z in /tmp/tmpk3j9x2/run.py, line 12")
 >>> b = sketch("Traceback: error at 2026-05-02T11:30:07Z in /tmp/tmpq81zzp/run.py, line 40")
@@ -42,7 +42,6 @@ import hashlib
 import operator
 import re
 import zlib
-from itertools import chain, repeat
 from typing import Any, Final, NewType
 
 import orjson
@@ -71,7 +70,7 @@ BITS: Final = 4
 #: Words per shingle.
 SHINGLE: Final = 5
 #: Characters of a text that are sketched, at most: the first and last half of a longer one.
-MAX_CHARS: Final = 2048
+MAX_CHARS: Final = 1024
 #: Characters of the wire form: the prefix and one hex digit per bin.
 WIRE_CHARS: Final = len(PREFIX) + BINS
 
@@ -81,40 +80,45 @@ Sketch = NewType("Sketch", int)
 _HASH_BITS: Final = 32  # zlib.crc32
 _BIN_SHIFT: Final = _HASH_BITS - (BINS.bit_length() - 1)  # the top bits choose the bin
 _VALUE_MASK: Final = (1 << BITS) - 1  # the lowest bits are the value kept
-# any run of word characters (or .:- between them) that holds a digit; hex runs; tempfile names
-_FOLD: Final = re.compile(rb"\b[^\W\d]*+\d[\w.:\-]*|\b[a-f]{8,}\b|\btmp[._]?\w{8,10}\b")
+# Folding, in three passes that the regex engine scans fast (each starts with a digit or a literal):
+# a digit and the word characters (and . : -) after it; on the reversed text, the letters before
+# such a 0; temp names without a digit.
+_DIGITS: Final = re.compile(rb"[0-9][\w.:\-]*")
+_LETTERS_BEFORE: Final = re.compile(rb"0[a-z_]+")
+_TMP: Final = re.compile(rb"tmp[._]?[a-z_]{8,10}\b")
 _LOWER: Final = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz")
-# ASCII letters and digits stay (upper case lowered), bytes of non-ASCII UTF-8 stay, the rest is space
-_WORDS: Final = bytes(
-    c + 32 if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122 or c >= 128) else 32
-    for c in range(256)
-)
+# ASCII letters and digits stay, bytes of non-ASCII UTF-8 stay, the rest is space
+_WORDS: Final = bytes(c if (48 <= c <= 57 or 97 <= c <= 122 or c >= 128) else 32 for c in range(256))
 _HEX: Final = bytes.maketrans(bytes(range(16)), b"0123456789abcdef")
 _WIRE: Final = re.compile(rf"{re.escape(PREFIX)}[0-9a-f]{{{BINS}}}")
 
 
-def _offsets() -> tuple[bytes, ...]:
-    """``_RUN[r]``: the offsets of a run of ``r`` filled bins, farthest from their donor first.
+def _runs() -> tuple[tuple[bytes, ...], ...]:
+    """``_RUN[v][r]``: the hex digits of a run of ``r`` bins whose donor's value is ``v``.
 
-    A filled bin holds its donor's value XOR a fixed pseudo-random value of its distance, so
-    two texts whose bins took different donors agree on a bin only by chance, bin by bin
-    (without it a short text's sketch is one value repeated, and two short texts would agree
-    on all bins or none).
+    An empty bin takes the value of the next filled bin to its right, XOR a fixed pseudo-random
+    value of its distance to it (farthest first), so two texts whose bins took different donors
+    agree on a bin only by chance, bin by bin (without it a short text's sketch is one value
+    repeated, and two short texts would agree on all bins or on none).
     """
     seed = hashlib.sha256(PREFIX.encode()).digest()
     stream = b"".join(hashlib.sha256(seed + bytes([i])).digest() for i in range(BINS // 32 + 1))
     offset = bytes([0]) + bytes(b & _VALUE_MASK for b in stream[1:BINS])  # distance 0: the bin's own
-    return tuple(bytes(reversed(offset[:r])) for r in range(BINS + 1))
+    farthest_first = [bytes(reversed(offset[:r])) for r in range(BINS + 1)]
+    tables = [bytes((i ^ v) & _VALUE_MASK for i in range(256)) for v in range(1 << BITS)]
+    return tuple(tuple(run.translate(table).translate(_HEX) for run in farthest_first) for table in tables)
 
 
-_RUN: Final = _offsets()
+_RUN: Final = _runs()
+_BIN: Final = _BIN_SHIFT.__rrshift__
+_VALUE: Final = _VALUE_MASK.__and__
 _MATCH_BY_CHANCE: Final = 1.0 / (1 << BITS)
 # one bit per 4-bit field: where two parsed sketches differ
 _FIELD_LOW_BITS: Final = int("1" * BINS, 16)
 
 
 def _text(content: Any) -> bytes:
-    """The bytes a sketch is computed over: a str as it is, bytes as they are, else JSON."""
+    """The bytes a sketch is computed over: a str as it is, bytes as they are, else JSON; capped."""
     if isinstance(content, str):
         text: str = content
         if len(text) > MAX_CHARS:
@@ -130,7 +134,11 @@ def _text(content: Any) -> bytes:
 
 
 def _words(content: Any) -> list[bytes]:
-    return _FOLD.sub(b"0", _text(content).translate(_LOWER)).translate(_WORDS).split()
+    raw = _text(content).translate(_LOWER)
+    raw = _LETTERS_BEFORE.sub(b"0", _DIGITS.sub(b"0", raw)[::-1])[::-1]
+    if b"tmp" in raw:
+        raw = _TMP.sub(b"0", raw)
+    return raw.translate(_WORDS).split()
 
 
 def normalise(text: Any) -> str:
@@ -140,27 +148,6 @@ def normalise(text: Any) -> str:
     'error 0 at 0 took 0 id 0'
     """
     return b" ".join(_words(text)).decode("utf-8", "replace")
-
-
-def _bins(hashes: set[int]) -> int:
-    """One-permutation MinHash of ``hashes``, densified: one byte per bin, as an int."""
-    ordered = sorted(hashes, reverse=True)
-    # bin -> value of its smallest hash (written last: the hashes come largest first)
-    mins = dict(
-        zip(map(operator.rshift, ordered, repeat(_BIN_SHIFT)), map(_VALUE_MASK.__and__, ordered), strict=True)
-    )
-    filled = list(mins)
-    filled.reverse()
-    values = list(mins.values())
-    values.reverse()
-    first = filled[0]
-    tail = BINS - 1 - filled[-1]
-    # each empty bin takes the value of the next filled bin to its right (the last ones wrap to the first)
-    runs = [first + 1, *map(operator.sub, filled[1:], filled[:-1])]
-    values.append(values[0])
-    dense = bytes(chain.from_iterable(map(repeat, values, [*runs, tail])))
-    offsets = b"".join(map(_RUN.__getitem__, runs)) + _RUN[tail + first + 1][:tail]
-    return int.from_bytes(dense, "big") ^ int.from_bytes(offsets, "big")
 
 
 def sketch(text: Any) -> str:
@@ -173,11 +160,24 @@ def sketch(text: Any) -> str:
     """
     words = _words(text)
     if len(words) <= SHINGLE:
-        hashes = {zlib.crc32(b" ".join(words))}
+        hashes = [zlib.crc32(b" ".join(words))]
     else:
         shingles = map(b" ".join, zip(*(words[i:] for i in range(SHINGLE)), strict=False))
-        hashes = set(map(zlib.crc32, shingles))
-    return PREFIX + _bins(hashes).to_bytes(BINS, "big").translate(_HEX).decode("ascii")
+        hashes = sorted(map(zlib.crc32, shingles), reverse=True)
+    # one-permutation MinHash: bin -> its smallest hash (written last: the hashes come largest first)
+    mins = dict(zip(map(_BIN, hashes), hashes, strict=True))
+    filled = list(mins)
+    filled.reverse()
+    values = list(map(_VALUE, mins.values()))
+    values.reverse()
+    first = filled[0]
+    tail = BINS - 1 - filled[-1]
+    # bins up to each filled bin take its value; the bins after the last wrap to the first
+    runs = [first + 1, *map(operator.sub, filled[1:], filled[:-1])]
+    body = b"".join(map(operator.getitem, map(_RUN.__getitem__, values), runs))
+    if tail:
+        body += _RUN[values[0]][tail + first + 1][:tail]
+    return PREFIX + body.decode("ascii")
 
 
 def check(wire: object) -> str | None:

@@ -51,7 +51,7 @@ def _sim(a: str, b: str) -> float:
     [
         ("Run at 2026-05-01T10:00:00.123Z took 1.5s", "run at 0 took 0"),
         ("id=3fa9c0d2-0e1b-4c1d-9a7b-5f0e2a1c3d4e ok", "id 0 ok"),
-        ("commit deadbeefcafe merged", "commit 0 merged"),
+        ("commit 9f1c2e7 and a1b2c3d merged", "commit 0 and 0 merged"),
         ("<Foo object at 0x7f3a2b1c9e80>", "foo object at 0"),
         ("/tmp/tmpk3j9x2ab/run.py and /tmp/tmpabcdefgh/x", "tmp 0 run py and tmp 0 x"),
         ("GET http://127.0.0.1:8080/v1/runs", "get http 0 0 runs"),

@@ -128,6 +128,8 @@ def _text(content: Any) -> bytes:
         raw = bytes(content)
     else:
         raw = bytes(orjson.dumps(content, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str))
+        # the escapes of line breaks and tabs stand for a space, not for the letter after them
+        raw = raw.replace(b"\\n", b" ").replace(b"\\t", b" ").replace(b"\\r", b" ")
     if len(raw) > MAX_CHARS:
         raw = raw[: MAX_CHARS // 2] + b" " + raw[-(MAX_CHARS // 2) :]
     return raw

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from real_texts import intercode_runs, mint_runs, swe_runs
+from real_texts import agreement, intercode_runs, jaccard, mint_runs, shingles, swe_runs
 
 from stopserve.signals import sketch as sk
 
@@ -25,18 +24,6 @@ TRACEBACK = """Traceback (most recent call last):
 django.db.utils.OperationalError: database is locked
   (at 2026-05-01 10:00:00.123456, pid 4711, conn 0x7f3a2b1c9e80)
 """
-
-
-def _shingles(text: str) -> set[str]:
-    """The exact shingle set a sketch estimates, from the public normalise()."""
-    words = sk.normalise(text).split(" ")
-    if len(words) <= sk.SHINGLE:
-        return {" ".join(words)}
-    return {" ".join(words[i : i + sk.SHINGLE]) for i in range(len(words) - sk.SHINGLE + 1)}
-
-
-def _jaccard(a: set[str], b: set[str]) -> float:
-    return len(a & b) / len(a | b)
 
 
 def _sim(a: str, b: str) -> float:
@@ -89,7 +76,7 @@ def test_equal_but_for_timestamps_paths_and_ids_is_one_sketch() -> None:
 
 def test_near_and_far_texts() -> None:
     changed = TRACEBACK.replace("database is locked", "disk I/O error")
-    exact = _jaccard(_shingles(changed), _shingles(TRACEBACK))
+    exact = jaccard(shingles(changed), shingles(TRACEBACK))
     assert 0.4 < exact < 0.9
     assert abs(_sim(changed, TRACEBACK) - exact) < 0.2
     assert _sim(TRACEBACK, "pytest -x tests/test_views.py -k login") < 0.2
@@ -157,29 +144,6 @@ def test_the_hook_path_imports_no_numpy_or_pydantic() -> None:
 
 
 # --------------------------------------------------------------------------- real runs
-
-
-def agreement(runs: Iterable[list[str]], threshold: float = 0.8) -> dict[str, float]:
-    """How often the sketch and the exact Jaccard agree on "this step repeats an earlier one".
-
-    For every step after the first of each run: is its highest similarity to an earlier
-    step of the run >= ``threshold``, by the exact shingle sets and by the sketches?
-    Also the mean absolute error over every pair of steps of a run.
-    """
-    steps = agree = repeats = pairs = 0
-    error = 0.0
-    for texts in runs:
-        exact = [_shingles(t) for t in texts]
-        sketches = [sk.parse(sk.sketch(t)) for t in texts]
-        for i in range(1, len(texts)):
-            ex = [_jaccard(exact[i], exact[j]) for j in range(i)]
-            es = [sk.similarity(sketches[i], sketches[j]) for j in range(i)]
-            steps += 1
-            repeats += max(ex) >= threshold
-            agree += (max(ex) >= threshold) == (max(es) >= threshold)
-            pairs += i
-            error += sum(abs(x - y) for x, y in zip(ex, es, strict=True))
-    return {"steps": steps, "repeats": repeats, "agreement": agree / steps, "mae": error / pairs}
 
 
 @pytest.mark.parametrize(("source", "limit"), [("swe", 25), ("mint", 400), ("intercode", 400)])

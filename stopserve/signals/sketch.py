@@ -14,8 +14,9 @@ How a sketch is made (``docs/trace-format.md``, "Content sketches", says why):
    (numbers, timestamps, hex ids, UUIDs, addresses, line numbers, temp names) folded to
    ``0``, as are ``tmpXXXXXXXX`` names without a digit; punctuation becomes space;
 3. shingles: each run of :data:`SHINGLE` consecutive words (a text of fewer words is one
-   shingle), each hashed with CRC-32 (``zlib``: the same on every machine, process and
-   Python version; Python's own ``hash()`` is salted and never used);
+   shingle), hashed as a weighted sum of its words' CRC-32s mod 2**32 (``zlib``: the same on
+   every machine, process and Python version; Python's own ``hash()`` is salted and never
+   used), all shingles at once in big-integer arithmetic;
 4. one-permutation MinHash (Li, Owen & Zhang 2012) into :data:`BINS` bins, empty bins
    filled by rotation (Shrivastava & Li 2014) with a fixed pseudo-random offset per
    distance, and only the lowest :data:`BITS` bits of each bin's minimum kept (b-bit
@@ -42,6 +43,7 @@ import hashlib
 import operator
 import re
 import zlib
+from array import array
 from typing import Any, Final, NewType
 
 import orjson
@@ -111,6 +113,12 @@ def _runs() -> tuple[tuple[bytes, ...], ...]:
 
 _RUN: Final = _runs()
 _BIN: Final = _BIN_SHIFT.__rrshift__
+#: a shingle's hash weighs its words' CRCs by these (odd, below 2**29: five products of a 32-bit
+#: CRC stay below 2**64), from the same seed as the offsets
+_WORD_WEIGHTS: Final = tuple(
+    (int.from_bytes(hashlib.sha256(PREFIX.encode() + b"w" + bytes([j])).digest()[:4], "big") >> 3) | 1
+    for j in range(SHINGLE)
+)
 _VALUE: Final = _VALUE_MASK.__and__
 _MATCH_BY_CHANCE: Final = 1.0 / (1 << BITS)
 # one bit per 4-bit field: where two parsed sketches differ
@@ -160,12 +168,16 @@ def sketch(text: Any) -> str:
     give equal sketches on every machine and Python version; so do texts that differ only
     in what :func:`normalise` folds.
     """
-    words = _words(text)
-    if len(words) <= SHINGLE:
-        hashes = [zlib.crc32(b" ".join(words))]
-    else:
-        shingles = map(b" ".join, zip(*(words[i:] for i in range(SHINGLE)), strict=False))
-        hashes = sorted(map(zlib.crc32, shingles), reverse=True)
+    words = _words(text) or [b""]
+    n = len(words)
+    # each shingle's hash: sum of A[j] * crc32(its j-th word), mod 2**32, for all shingles at once:
+    # the words' CRCs as the 64-bit lanes of one big int, the five products added lane-wise
+    # (no lane carries: each sum stays below 2**64), the low 32 bits of each lane read back
+    lanes = int.from_bytes(array("Q", map(zlib.crc32, words)).tobytes(), "little")
+    sums = sum(((lanes >> (64 * j)) * a for j, a in enumerate(_WORD_WEIGHTS)), start=0)
+    low = array("I")
+    low.frombytes(sums.to_bytes(8 * n, "little"))
+    hashes = sorted(low[0 : 2 * max(1, n - SHINGLE + 1) : 2], reverse=True)
     # one-permutation MinHash: bin -> its smallest hash (written last: the hashes come largest first)
     mins = dict(zip(map(_BIN, hashes), hashes, strict=True))
     filled = list(mins)

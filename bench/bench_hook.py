@@ -8,6 +8,8 @@ Standalone (rounds interleaved, median and p90 over the rounds):
 - ``python -c pass``: the interpreter alone, the command hook's baseline;
 - the command hook: ``python -m stopserve hook claude-code`` as a fresh process with a
   ``PostToolUse`` input, the transcript growing by two lines a call;
+- the command hook with ``--no-sketch``: the same call without sketching the texts (what the
+  sketches cost the hook: their import and their computation);
 - the HTTP hook: one ``POST /v1/hooks/claude-code`` with the same input (a new loopback
   connection each time, as a harness without keep-alive pays it);
 - for reference, the imports of the hook's path and of ``stopserve.client``.
@@ -76,17 +78,19 @@ def standalone(rounds: int, srv: LiveServer, tmp: Path) -> dict[str, dict[str, f
     cases: dict[str, list[float]] = {
         "python -c pass": [],
         "command hook": [],
+        "command hook --no-sketch": [],
         "HTTP hook": [],
         "hook imports": [],
         "client imports": [],
     }
-    for kind in ("command", "http"):
+    for kind in ("command", "plain", "http"):
         (tmp / f"{kind}.jsonl").write_text("")
     state = tmp / "state"
     hook = [py, "-m", "stopserve", "hook", "claude-code", "--url", srv.url, "--state-dir", str(state)]
+    plain = [*hook, "--no-sketch"]  # the same call without sketching the texts
     for i in range(rounds):
         payloads = {}
-        for kind in ("command", "http"):
+        for kind in ("command", "plain", "http"):
             transcript = tmp / f"{kind}.jsonl"
             call_id = f"toolu_{kind}_{i}"
             block = {"type": "tool_use", "id": call_id, "name": "Bash", "input": {"command": f"echo {i}"}}
@@ -115,6 +119,7 @@ def standalone(rounds: int, srv: LiveServer, tmp: Path) -> dict[str, dict[str, f
             ).encode()
         cases["python -c pass"].append(_wall([py, "-c", "pass"]))
         cases["command hook"].append(_wall(hook, payloads["command"]))
+        cases["command hook --no-sketch"].append(_wall(plain, payloads["plain"]))
         cases["HTTP hook"].append(_post(srv.url, payloads["http"]))
         cases["hook imports"].append(
             _wall(

@@ -223,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strict", action="store_true", help="exit 1 when any run was skipped (the rest is still written)"
     )
+    p.add_argument(
+        "--no-sketch",
+        action="store_true",
+        help="leave out the similarity sketches of the texts (content hashes only; docs/trace-format.md)",
+    )
     _no_progress(p)
 
     p = sub.add_parser(
@@ -545,6 +550,11 @@ def _hook_decision_options(p: argparse.ArgumentParser, *, install: bool) -> None
         "--end-on-model-stop",
         action="store_true",
         help="tool hooks also end the run on a model stop (default: safety nets only)",
+    )
+    p.add_argument(
+        "--no-sketch",
+        action="store_true",
+        help="send hashes of the transcript's texts only, no similarity sketches (docs/hooks.md)",
     )
 
 

@@ -70,7 +70,7 @@ from stopserve.errors import (
     pydantic_issues,
 )
 from stopserve.features import RunState
-from stopserve.ids import RUN_ID, content_ref
+from stopserve.ids import RUN_ID, content_ref, content_refs
 from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
@@ -149,7 +149,9 @@ class EventRecorder:
     Each method records one event and returns it; :meth:`drain` hands over the events
     recorded since the last drain (what to pass to ``decide``). Times are seconds since
     the recorder was created, from a monotonic clock. Raw content is never kept: only
-    its hash (:func:`content_ref`), so repetition can be detected without storing text.
+    its hash (:func:`content_ref`), so repetition can be detected without storing text,
+    and its similarity sketch (:mod:`stopserve.signals.sketch`), so near-repeats (the same
+    traceback with another timestamp) can be too; ``sketch=False`` leaves sketches out.
 
     >>> rec = EventRecorder(agent="orchestrator", id_prefix="r1-")
     >>> rec.tool_use("bash", content="ls").type, rec.returned("bash", content="a.py").type
@@ -158,9 +160,13 @@ class EventRecorder:
     (['r1-1', 'r1-2'], [])
     """
 
-    def __init__(self, agent: str = "orchestrator", *, id_prefix: str | None = None) -> None:
+    def __init__(
+        self, agent: str = "orchestrator", *, id_prefix: str | None = None, sketch: bool = True
+    ) -> None:
         self.agent = agent
         self.id_prefix = id_prefix if id_prefix is not None else uuid.uuid4().hex[:8] + "-"
+        #: whether events with content carry its sketch (``Event.sketch``) beside its hash
+        self.sketch = sketch
         self._t0 = time.monotonic()
         self._n = 0
         self._last_t = 0.0
@@ -193,7 +199,7 @@ class EventRecorder:
             "agent": agent or self.agent,
         }
         if content is not None:
-            data["content_ref"] = content_ref(content)
+            data.update(content_refs(content, sketch=self.sketch))
         for key, value in (("tokens", tokens), ("usd", usd), ("error", error)):
             if value is not None:
                 data[key] = value

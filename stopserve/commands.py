@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from stopserve.errors import ImporterError, TraceFormatError
 from stopserve.progress import progress
-from stopserve.trace import TraceWriter, scan
+from stopserve.trace import Trace, TraceWriter, scan
 
 __all__ = ["import_traces", "validate"]
 
@@ -78,6 +78,12 @@ def validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _without_sketches(trace: Trace) -> Trace:
+    """``trace`` with no event carrying a sketch (``stopserve import --no-sketch``)."""
+    events = [e.model_copy(update={"sketch": None}) if e.sketch is not None else e for e in trace.events]
+    return trace.model_copy(update={"events": events})
+
+
 def import_traces(args: argparse.Namespace) -> int:
     """Convert foreign traces to format v1 JSON Lines; say how many were written and skipped.
 
@@ -113,7 +119,7 @@ def import_traces(args: argparse.Namespace) -> int:
         with TraceWriter(tmp) as writer:
             bar = progress(reader, desc=f"import {args.format}", unit=" traces", enabled=not args.no_progress)
             for trace in bar:
-                writer.write(trace)
+                writer.write(_without_sketches(trace) if args.no_sketch else trace)
             count = writer.count
         if count == 0:
             tmp.unlink(missing_ok=True)

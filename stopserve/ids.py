@@ -2,7 +2,8 @@
 
 Light on purpose (no pydantic): the client, the importers, the integrations and the
 short-lived ``stopserve hook`` process all name runs and hash content with these,
-so equal content gets equal refs wherever it is hashed.
+so equal content gets equal refs wherever it is hashed, and equal-but-for-a-timestamp
+content equal sketches (:func:`content_refs`).
 
 >>> content_ref("ls -la") == content_ref("ls -la") != content_ref("ls")
 True
@@ -18,7 +19,9 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["MAX_RUN_ID_CHARS", "RUN_ID", "RUN_ID_CHARS", "RUN_ID_PATTERN", "content_ref"]
+from stopserve.signals import sketch as _sketch
+
+__all__ = ["MAX_RUN_ID_CHARS", "RUN_ID", "RUN_ID_CHARS", "RUN_ID_PATTERN", "content_ref", "content_refs"]
 
 #: Characters a run id may hold (a regex character class body): no '/', no space.
 RUN_ID_CHARS: Final = "A-Za-z0-9._:@+-"
@@ -45,3 +48,19 @@ def content_ref(content: Any) -> str:
     else:
         raw = orjson.dumps(content, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
     return "sha256:" + hashlib.sha256(raw).hexdigest()[:_REF_HEX]
+
+
+def content_refs(content: Any, *, sketch: bool = True, text: Any = None) -> dict[str, str]:
+    """The event fields that stand for ``content``: its ``content_ref`` and its ``sketch``.
+
+    What every producer of events (importers, client, integrations, hooks) puts on an event
+    for its text, never the text itself; ``sketch=False`` leaves the sketch out. ``text``:
+    what to sketch when it is not ``content`` itself (a tool result's output text, where
+    ``content`` is the structured result the ref hashes).
+
+    >>> sorted(content_refs("ls -la")), list(content_refs("ls", sketch=False))
+    (['content_ref', 'sketch'], ['content_ref'])
+    """
+    if not sketch:
+        return {"content_ref": content_ref(content)}
+    return {"content_ref": content_ref(content), "sketch": _sketch.sketch(content if text is None else text)}

@@ -34,6 +34,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stopserve.errors import Issue, TraceFormatError, TraceValidationError, pydantic_issues
+from stopserve.signals import sketch as _sketch
 
 __all__ = [
     "DECISION_POINT_TYPES",
@@ -170,6 +171,8 @@ class Event(_Model):
     to: str | None = None
     tool: str | None = None
     content_ref: str | None = None
+    #: a similarity sketch of the event's text (stopserve.signals.sketch), never the text
+    sketch: str | None = None
     tokens: int | None = Field(default=None, ge=0)
     usd: float | None = _NonNegFloat
     error: bool | None = None
@@ -183,6 +186,13 @@ class Event(_Model):
     decision: Decision | None = None
 
     _whole = field_validator("tokens", mode="before")(_whole_number)
+
+    @field_validator("sketch")
+    @classmethod
+    def _sketch_shape(cls, wire: str | None) -> str | None:
+        if wire is not None and (problem := _sketch.check(wire)) is not None:
+            raise ValueError(problem)
+        return wire
 
     @model_validator(mode="before")
     @classmethod

@@ -40,6 +40,7 @@ def test_wire_names_and_defaults() -> None:
         ({"events": [{**EVENT, "id": "x" * (MAX_ID_CHARS + 1)}]}, "events[0].id"),
         ({"events": [{**EVENT, "content_ref": "h" * (MAX_TEXT_CHARS + 1)}]}, "events[0].content_ref"),
         ({"events": [{**EVENT, "tokens": MAX_INT + 1}]}, "events[0].tokens"),
+        ({"events": [{**EVENT, "sketch": "mh1:" + "f" * 129}]}, "events[0].sketch"),
         ({"events": [{**EVENT, "t": -1}]}, "events[0].t"),
         ({"lambda": -0.1}, "lambda"),
         ({"cost_share": 101}, "cost_share"),

@@ -30,6 +30,7 @@ OWN_SCRIPTS = [
     "bench_default.py",
     "bench_serve.py",
     "bench_hook.py",
+    "bench_sketch.py",
 ]
 
 
@@ -267,3 +268,19 @@ def test_hook_smoke(workdir: Path) -> None:
     assert names[:2] == ["HTTP hook p50, standalone", "command hook p50 / python -c pass, standalone"]
     if doc["data"]["in_harness"] is not None:
         assert doc["data"]["in_harness"]["command hook"]["n"] == 3
+
+
+def test_sketch_smoke(workdir: Path) -> None:
+    if not SHARED_DATA.exists():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    doc = _run("bench_sketch.py", workdir)
+    costs = _measured(doc, "cost_us")
+    for row in costs.values():
+        assert row["record, with sketch"] > row["record, no sketch"] > 0 and row["sketch"] > 0
+    assert set(doc["data"]["agreement"]) == {"SWE agent", "MINT", "InterCode"}
+    for figures in doc["data"]["agreement"].values():
+        assert figures["steps"] > 0 and 0.9 <= figures["agreement"] <= 1.0
+    assert [t["name"] for t in doc["targets"]] == [
+        "sketch cost per event in the client, mean over real sizes",
+        "similarity of two sketches",
+    ]

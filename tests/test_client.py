@@ -12,6 +12,7 @@ import httpx
 import orjson
 import pytest
 from servers import LiveServer, free_port
+from sketchkit import similar, traceback_at
 
 from stopserve.client import AsyncStopClient, EventRecorder, StopClient, content_ref
 from stopserve.errors import ConfigError, RunClosedError, TraceValidationError
@@ -62,6 +63,23 @@ def test_recorder_ids_clock_and_hashes() -> None:
     assert rec.drain() == []
     # two recorders never collide on ids
     assert EventRecorder().tool_use("x").id != EventRecorder().tool_use("x").id
+
+
+def test_recorder_sketches_content_and_can_be_told_not_to(server: LiveServer) -> None:
+    rec = EventRecorder(agent="boss")
+    first = rec.returned("bash", content=traceback_at(1))
+    again = rec.returned("bash", content=traceback_at(2))
+    other = rec.tool_use("bash", content={"cmd": "pytest -x tests/test_views.py", "timeout": 30})
+    assert first.content_ref != again.content_ref  # a hash sees two different texts
+    assert similar(first.sketch, again.sketch) == 1.0 and similar(first.sketch, other.sketch) < 0.2
+    assert rec.reward(1.0).sketch is None  # no content, no sketch
+    with StopClient(server.url, timeout=2.0) as client:
+        client.decide("c-sketch", rec.drain())
+        client.outcome("c-sketch", {"team": 0.0})
+    logged = logged_trace(server, "c-sketch").events
+    assert [e.sketch for e in logged[:3]] == [first.sketch, again.sketch, other.sketch]
+    quiet = EventRecorder(sketch=False)
+    assert quiet.returned("bash", content="x").sketch is None and quiet.drain()[0].content_ref
 
 
 def test_recorder_rejects_bad_event_with_field_named() -> None:

@@ -138,6 +138,28 @@ def test_every_problem_is_reported_with_its_field() -> None:
     assert len(msgs) == len(expected)
 
 
+def test_a_sketch_is_checked_like_every_field(tmp_path: Path) -> None:
+    from stopserve.signals.sketch import sketch
+
+    data = _trace(n=3)
+    data["events"][0]["sketch"] = sketch("pytest -x tests/")
+    data["events"][1]["sketch"] = "mh1:" + "0" * 12
+    data["events"][2]["sketch"] = "sha256:0123456789abcdef"
+    msgs = _messages(data, file="runs.jsonl", line=7)
+    where = "runs.jsonl:7: trace 'r1': events"
+    assert msgs == [
+        f"{where}[1].sketch: a 'mh1:' sketch has 128 hex digits after its prefix, got 12",
+        f"{where}[2].sketch: unknown sketch version 'sha256:' (this reader knows 'mh1:'): "
+        "'sha256:0123456789abcdef'",
+    ]
+    del data["events"][1]["sketch"], data["events"][2]["sketch"]
+    path = write_traces(tmp_path / "t.jsonl", [data]) and tmp_path / "t.jsonl"
+    (back,) = read_traces(path)
+    assert back.events[0].sketch == data["events"][0]["sketch"] and back.events[1].sketch is None
+    # a reader that does not know the field keeps it as an extra (format v1 allows extra fields)
+    assert json.loads(path.read_text())["events"][0]["sketch"] == data["events"][0]["sketch"]
+
+
 def test_required_fields_and_stop_reason() -> None:
     msgs = _messages({"trace_id": "x", "events": [{"id": "e", "t": 0, "type": "stop", "agent": "a"}]})
     assert "trace 'x': task_id: required field is missing" in msgs

@@ -233,7 +233,9 @@ def check(harness: str, *, project: str | None = None, state_dir: str | None = N
             yield Finding("note", f"last error: {error}")
 
 
-_HTTP_QUERY: Final = frozenset({"mode", "max_blocks", "timeout", "lambda", "safety", "end_on_model_stop"})
+_HTTP_QUERY: Final = frozenset(
+    {"mode", "max_blocks", "timeout", "lambda", "safety", "end_on_model_stop", "no_sketch"}
+)
 
 
 def _allowed(data: dict[str, Any], url: str, path: Path) -> Iterator[Finding]:

@@ -331,6 +331,8 @@ def _checked_options(args: argparse.Namespace) -> dict[str, str]:
         out["safety"] = orjson.dumps(args.safety).decode()
     if args.end_on_model_stop:
         out["end-on-model-stop"] = ""
+    if args.no_sketch:
+        out["no-sketch"] = ""
     return out
 
 

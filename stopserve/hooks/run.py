@@ -98,6 +98,8 @@ class HookOptions:
     lam: float | None = None
     safety: Mapping[str, Any] | None = None
     end_on_model_stop: bool = False
+    #: events carry sketches of their text beside its hash (``--no-sketch``: hashes only)
+    sketch: bool = True
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HookOptions:
@@ -109,6 +111,7 @@ class HookOptions:
             lam=args.lam,
             safety=args.safety,
             end_on_model_stop=args.end_on_model_stop,
+            sketch=not args.no_sketch,
         )
 
 
@@ -336,6 +339,7 @@ def run_hook(
         cls = _mapper_class(opts.harness)
         transcript = inp.transcript
         mapper = cls.load(st["mapper"]) if isinstance(st.get("mapper"), dict) else cls(agent=inp.agent)
+        mapper.sketch = opts.sketch
         if transcript and st.get("transcript") not in (None, transcript):
             st["log"].append(f"transcript changed from {st['transcript']}; reading {transcript} anew")
             st["offset"] = 0

@@ -50,7 +50,7 @@ def _bad(name: str, message: str) -> ConfigError:
 def options_from_query(harness: Harness, query: Mapping[str, str]) -> tuple[HookOptions, float]:
     """The hook's options and its time budget (seconds) from the URL's query; a bad one raises
     :class:`ConfigError` naming the parameter."""
-    known = {"mode", "max_blocks", "timeout", "lambda", "safety", "end_on_model_stop"}
+    known = {"mode", "max_blocks", "timeout", "lambda", "safety", "end_on_model_stop", "no_sketch"}
     for name in query:
         if name not in known:
             raise _bad(name, f"unknown option {name!r} (known: {', '.join(sorted(known))})")
@@ -88,6 +88,7 @@ def options_from_query(harness: Harness, query: Mapping[str, str]) -> tuple[Hook
         lam=number("lambda", -1.0) if "lambda" in query else None,
         safety=safety,
         end_on_model_stop=query.get("end_on_model_stop", "0") not in ("0", "false"),
+        sketch=query.get("no_sketch", "0") in ("0", "false"),
     )
     return opts, min(number("timeout", DEFAULT_TIMEOUT, positive=True), MAX_TIMEOUT)
 

@@ -17,7 +17,8 @@ Conventions shared by both harnesses:
 * tokens are uncached input plus output; cache reads (``cache_read_tokens``) and
   cache writes (``cache_write_tokens``) are extra event fields, never in ``tokens``.
   A usage report is put on the next event emitted;
-* content is never kept: only :func:`content_ref` hashes, so the service can see
+* content is never kept: only :func:`content_ref` hashes (and sketches, unless
+  ``sketch=False``: :func:`~stopserve.ids.content_refs`), so the service can see
   repetition without seeing text; the facts below stay on the machine;
 * an event id already emitted (recently) is not emitted again, so a tool call seen
   first in a hook's input and later in the transcript counts once.
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
 
-from stopserve.ids import content_ref
+from stopserve.ids import content_refs
 from stopserve.importers._common import fail, finish
 
 if TYPE_CHECKING:
@@ -191,8 +192,10 @@ class TranscriptMapper:
     #: the name of the harness's own agent
     MAIN: ClassVar[str] = "main"
 
-    def __init__(self, agent: str | None = None) -> None:
+    def __init__(self, agent: str | None = None, *, sketch: bool = True) -> None:
         self.agent = agent or self.MAIN
+        #: whether events carry a sketch of their text beside its hash (``--no-sketch``: not)
+        self.sketch = sketch
         self.t0: float | None = None
         self.last_t = 0.0
         self.counts = {"lines": 0, "events": 0, "skipped": 0, "unknown": 0, "malformed": 0}
@@ -319,7 +322,8 @@ class TranscriptMapper:
     ) -> None:
         """A tool call: a ``tool_use`` event, remembered until its result comes."""
         agent = agent or self.agent
-        self.emit(self.event(call_id, t, "tool_use", agent, tool=tool, content_ref=content_ref(payload)))
+        refs = content_refs(payload, sketch=self.sketch)
+        self.emit(self.event(call_id, t, "tool_use", agent, tool=tool, **refs))
         self.facts.tool_calls += 1
         paths = list(edits)
         if paths:
@@ -348,7 +352,7 @@ class TranscriptMapper:
                 "return",
                 agent,
                 tool=tool,
-                content_ref=content_ref(ref_payload),
+                **content_refs(ref_payload, text=output, sketch=self.sketch),
                 error=error,
             )
         )

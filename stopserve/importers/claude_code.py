@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from stopserve.errors import ImporterError
-from stopserve.ids import content_ref
+from stopserve.ids import content_ref, content_refs
 from stopserve.importers._common import OnError, fail, iter_files, report
 from stopserve.importers._transcript import (
     TranscriptMapper,
@@ -157,10 +157,9 @@ class ClaudeCodeMapper(TranscriptMapper):
                 text = block.get("text")
                 if not isinstance(text, str) or not text.strip():
                     continue
-                ref = content_ref(text)
-                self.emit(
-                    self.event(f"{uuid}.{k}", t, "communicate", agent, role="assistant", content_ref=ref)
-                )
+                said = content_refs(text, sketch=self.sketch)
+                ref = said["content_ref"]
+                self.emit(self.event(f"{uuid}.{k}", t, "communicate", agent, role="assistant", **said))
                 if ref == self._closed_ref:
                     self._closed_ref = None  # the text a live stop was already proposed after
                 else:
@@ -183,8 +182,8 @@ class ClaudeCodeMapper(TranscriptMapper):
             self.emit(
                 self.event(f"{call_id}.spawn", t, "spawn", sub, role=role if isinstance(role, str) else None)
             )
-            ref = content_ref(tool_payload(name, tool_input))
-            self.emit(self.event(call_id, t, "delegate", agent, to=sub, tool=name, content_ref=ref))
+            refs = content_refs(tool_payload(name, tool_input), sketch=self.sketch)
+            self.emit(self.event(call_id, t, "delegate", agent, to=sub, tool=name, **refs))
             self.facts.tool_calls += 1
             self.remember(call_id, name, str(inp.get("description") or name), "agent", sub)
             return
@@ -232,10 +231,16 @@ class ClaudeCodeMapper(TranscriptMapper):
         self.close_turn(t)
         if meta:
             self.emit(
-                self.event(uuid, t, "communicate", "harness", role="hook", content_ref=content_ref(text))
+                self.event(
+                    uuid, t, "communicate", "harness", role="hook", **content_refs(text, sketch=self.sketch)
+                )
             )
         else:
-            self.emit(self.event(uuid, t, "communicate", "user", role="human", content_ref=content_ref(text)))
+            self.emit(
+                self.event(
+                    uuid, t, "communicate", "user", role="human", **content_refs(text, sketch=self.sketch)
+                )
+            )
 
     def _count_usage(self, msg_id: str, usage: dict[str, Any]) -> None:
         now = [

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from stopserve.errors import ImporterError
-from stopserve.ids import content_ref
+from stopserve.ids import content_ref, content_refs
 from stopserve.importers._common import OnError, fail, report
 from stopserve.importers._transcript import (
     TranscriptMapper,
@@ -224,11 +224,9 @@ class CodexMapper(TranscriptMapper):
                 if isinstance(b, dict) and isinstance(b.get("text"), str) and b["text"].strip()
             ]
             for k, text in enumerate(texts):
-                ref = content_ref(text)
+                said = content_refs(text, sketch=self.sketch)
                 self.emit(
-                    self.event(
-                        self._line_id(k), t, "communicate", self.agent, role="assistant", content_ref=ref
-                    )
+                    self.event(self._line_id(k), t, "communicate", self.agent, role="assistant", **said)
                 )
             return
         if itype in ("function_call", "custom_tool_call", "local_shell_call"):
@@ -260,8 +258,8 @@ class CodexMapper(TranscriptMapper):
             task = parsed.get("task_name") if isinstance(parsed, dict) else None
             sub = task if isinstance(task, str) and task else f"agent-{call_id[-8:]}"
             self.emit(self.event(f"{call_id}.spawn", t, "spawn", sub))
-            ref = content_ref({"name": name, "input": parsed})
-            self.emit(self.event(call_id, t, "delegate", self.agent, to=sub, tool=name, content_ref=ref))
+            refs = content_refs({"name": name, "input": parsed}, sketch=self.sketch)
+            self.emit(self.event(call_id, t, "delegate", self.agent, to=sub, tool=name, **refs))
             self.facts.tool_calls += 1
             self.remember(call_id, name, sub, "agent", sub)
             return
@@ -283,10 +281,9 @@ class CodexMapper(TranscriptMapper):
         if etype == "user_message":
             text = msg.get("message")
             if isinstance(text, str) and text.strip():
-                ref = self._user_ref = content_ref(text)
-                self.emit(
-                    self.event(self._line_id(), t, "communicate", "user", role="human", content_ref=ref)
-                )
+                said = content_refs(text, sketch=self.sketch)
+                self._user_ref = said["content_ref"]
+                self.emit(self.event(self._line_id(), t, "communicate", "user", role="human", **said))
                 return
         elif etype == "token_count":
             self._token_count(msg.get("info"))
@@ -337,11 +334,11 @@ class CodexMapper(TranscriptMapper):
         )
         if not text.strip():
             return False
-        ref = content_ref(text)
-        if ref == self._user_ref:
+        said = content_refs(text, sketch=self.sketch)
+        if said["content_ref"] == self._user_ref:
             return False
-        self._user_ref = ref
-        self.emit(self.event(self._line_id(), t, "communicate", "user", role="human", content_ref=ref))
+        self._user_ref = said["content_ref"]
+        self.emit(self.event(self._line_id(), t, "communicate", "user", role="human", **said))
         return True
 
     def _token_count(self, info: Any) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from stopserve.errors import ImporterError
-from stopserve.ids import content_ref
+from stopserve.ids import content_refs
 from stopserve.importers._common import (
     CHARS_PER_TOKEN,
     OnError,
@@ -280,7 +280,7 @@ def convert(run: Any, source: LogFile, key: str) -> Trace:
             "agent": model,
             "role": "assistant",
             "tool": env,
-            "content_ref": content_ref(code),
+            **content_refs(code),
             "tokens": tokens,
         }
         if turns.valid[k] is not None:
@@ -292,7 +292,7 @@ def convert(run: Any, source: LogFile, key: str) -> Trace:
             "type": "return",
             "agent": "env",
             "tool": env,
-            "content_ref": content_ref(observation),
+            **content_refs(observation),
             "error": failed or is_error_output(observation, env),
         }
         if strategy != "react":
@@ -319,7 +319,7 @@ def convert(run: Any, source: LogFile, key: str) -> Trace:
     if strategy == "react":
         if react_submit:
             team = turns.rewards[-1]
-            end.update(grade=team, content_ref=content_ref(turns.observations[-1]))
+            end.update(grade=team, **content_refs(turns.observations[-1]))
             if _at(turns.thoughts, n - 1).startswith(_HARNESS_SUBMIT):
                 reason, limit = "budget_exhausted", "turns"  # the harness submitted for the model
             else:

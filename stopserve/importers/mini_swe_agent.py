@@ -43,7 +43,7 @@ from typing import Any, Final
 import orjson
 
 from stopserve.errors import ImporterError
-from stopserve.ids import content_ref
+from stopserve.ids import content_refs
 from stopserve.importers._common import OnError, fail, finish, iter_files, load_json, report
 from stopserve.trace import FORMAT_TAG, Trace
 
@@ -225,7 +225,7 @@ def _final_stop(t: float, reason: str, exit_status: Any, info: Mapping[str, Any]
         "exit_status": exit_status,
     }
     if info.get("submission"):
-        event["content_ref"] = content_ref(str(info["submission"]))
+        event.update(content_refs(str(info["submission"])))
     return event
 
 
@@ -309,7 +309,7 @@ def trace_from_mini(data: Any, file: str | os.PathLike[str], resolved: bool | No
         is_last = k == len(steps) - 1
         command = actions[0] if len(actions) == 1 else None
         if command is not None and any(m in command for m in _SUBMIT_MARKERS) and (is_last or not text):
-            use["content_ref"] = content_ref(command)
+            use.update(content_refs(command))
             events.append(use)
             events.append(
                 {
@@ -319,7 +319,7 @@ def trace_from_mini(data: Any, file: str | os.PathLike[str], resolved: bool | No
                     "agent": "agent",
                     "reason": "information_complete" if submitted or is_last else "unknown",
                     "proposed": False,
-                    "content_ref": content_ref(str(info.get("submission") or text)),
+                    **content_refs(str(info.get("submission") or text)),
                 }
             )
             break
@@ -332,14 +332,14 @@ def trace_from_mini(data: Any, file: str | os.PathLike[str], resolved: bool | No
         }
         if command is None or any(h in text for h in _FORMAT_ERROR_HINTS):
             n_format_errors += 1
-            use["content_ref"] = content_ref(_content_text(msg.get("content")))
+            use.update(content_refs(_content_text(msg.get("content"))))
             use["format_error"] = True
-            ret.update(error=True, format_error=True, content_ref=content_ref(text))
+            ret.update(error=True, format_error=True, **content_refs(text))
         else:
-            use["content_ref"] = content_ref(command)
+            use.update(content_refs(command))
             code = _returncode(observations, text)
             out = _OUTPUT_RE.search(text)
-            ret["content_ref"] = content_ref(out.group(1) if out else text)
+            ret.update(content_refs(out.group(1) if out else text))
             if code is not None:
                 ret["returncode"] = code
                 ret["error"] = code != 0
@@ -458,7 +458,7 @@ def trace_from_swe_agent(data: Any, file: str | os.PathLike[str], resolved: bool
             raise fail("expected the action as a string", file=file, path=f"trajectory[{k}].action")
         words = action.strip().split(maxsplit=1)
         tool = words[0] if words else "empty"
-        use = _call(k, t, tool, content_ref=content_ref(action))
+        use = _call(k, t, tool, **content_refs(action))
         use["tokens"] = total_tokens // n + (1 if k < total_tokens % n else 0)
         if usd_total is not None:
             use["usd"] = usd_total / n
@@ -475,7 +475,7 @@ def trace_from_swe_agent(data: Any, file: str | os.PathLike[str], resolved: bool
                 "type": "return",
                 "agent": tool,
                 "tool": tool,
-                "content_ref": content_ref(_content_text(step.get("observation"))),
+                **content_refs(_content_text(step.get("observation"))),
             }
         )
     reason, limit = _swe_stop(exit_status)

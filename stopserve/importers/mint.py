@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from stopserve.errors import ImporterError
-from stopserve.ids import content_ref
+from stopserve.ids import content_refs
 from stopserve.importers._common import (
     CHARS_PER_TOKEN,
     OnError,
@@ -338,17 +338,17 @@ def convert(record: Any, where: RunPath, *, file: str | os.PathLike[str], line: 
                 type="stop",
                 proposed=True,
                 reason="information_complete",
-                content_ref=content_ref(answer or text),
+                **content_refs(answer or text),
                 grade=1.0 if won else 0.0,
             )
             n_propose += 1
         elif code is not None and not refused:
             kind = "tool"
-            act.update(type="tool_use", tool="python", content_ref=content_ref(code))
+            act.update(type="tool_use", tool="python", **content_refs(code))
             n_tool += 1
         else:
             kind = "invalid"
-            act.update(type="communicate", to="env", content_ref=content_ref(text or ""))
+            act.update(type="communicate", to="env", **content_refs(text or ""))
             if text is None:
                 act["missing"] = True
                 n_missing += 1
@@ -366,7 +366,7 @@ def convert(record: Any, where: RunPath, *, file: str | os.PathLike[str], line: 
                         "agent": fb_agent,
                         "role": "critic",
                         "to": model,
-                        "content_ref": content_ref(feedback),
+                        **content_refs(feedback),
                         "tokens": fb_of_turn[k],
                     }
                 )
@@ -374,7 +374,7 @@ def convert(record: Any, where: RunPath, *, file: str | os.PathLike[str], line: 
             if kind == "propose" and observation.strip().startswith(_WRONG):
                 env.update(type="reward", channel="quality", value=0.0)
             else:
-                env.update(type="return", content_ref=content_ref(observation))
+                env.update(type="return", **content_refs(observation))
                 if kind == "tool":
                     env.update(tool="python", error=is_error_output(observation))
                 else:  # refused, or a proposal MINT could not parse

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from stopserve.errors import ImporterError
-from stopserve.ids import content_ref
+from stopserve.ids import content_refs
 from stopserve.importers._common import (
     CHARS_PER_TOKEN,
     OnError,
@@ -145,7 +145,7 @@ def convert(
                     "agent": str(msg.get("name") or "user"),
                     "role": "human",
                     "to": "assistant",
-                    "content_ref": content_ref(text),
+                    **content_refs(text),
                 }
             )
             seen_user = True
@@ -153,13 +153,13 @@ def convert(
         if role in ("tool", "function"):
             call_id = msg.get("tool_call_id")
             name = str(msg.get("name") or tool_names.get(str(call_id), "tool"))
-            ev = {
+            ev: dict[str, Any] = {
                 **base,
                 "id": f"m{i}",
                 "type": "return",
                 "agent": name,
                 "tool": name,
-                "content_ref": content_ref(text),
+                **content_refs(text),
             }
             flag = msg.get("is_error", msg.get("error"))
             if isinstance(flag, bool):
@@ -210,7 +210,7 @@ def convert(
                     "agent": agent,
                     "role": "assistant",
                     "tool": fn["name"],
-                    "content_ref": content_ref(fn["name"] + "\0" + args_text),
+                    **content_refs(fn["name"] + "\0" + args_text),
                 }
             )
         if not new:
@@ -221,7 +221,7 @@ def convert(
                     "type": "aggregate",
                     "agent": agent,
                     "role": "assistant",
-                    "content_ref": content_ref(text),
+                    **content_refs(text),
                 }
             )
         if usage is not None and _number(usage.get("prompt_tokens")) is not None:

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from stopserve.errors import ImporterError
-from stopserve.ids import content_ref
+from stopserve.ids import content_refs
 from stopserve.importers._common import (
     OnError,
     fail,
@@ -284,7 +284,7 @@ def _convert(trace_id: str, source: _Source) -> Trace:
                 span,
                 agent,
                 tool=tool,
-                content_ref=content_ref(f"{tool}\0{args}") if args else None,
+                **(content_refs(f"{tool}\0{args}") if args else {}),
             )
         for nanos, ev_name, attrs in span.events:
             if ev_name == "gen_ai.evaluation.result":
@@ -321,7 +321,7 @@ def _convert(trace_id: str, source: _Source) -> Trace:
                 role=op,
                 tokens=tokens,
                 provider=provider(span.attrs),
-                content_ref=content_ref(output) if output else None,
+                **(content_refs(output) if output else {}),
                 **end_fields(span),
             )
         elif op == "invoke_agent":

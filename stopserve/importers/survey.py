@@ -9,7 +9,9 @@ What the survey allows and v1 does not is repaired, never refused:
 * edges naming no event are dropped and counted in ``metrics.survey_dropped_edges``;
 * an extra event field whose name v1 reserves (``tokens``, ``value``, ``decision`` ...)
   but whose value does not fit v1 is kept as ``survey_<name>``;
-* a cost v1 cannot hold (negative) moves to ``metrics.survey_cost_<name>``.
+* a cost v1 cannot hold (negative) moves to ``metrics.survey_cost_<name>``;
+* an event that carries its text in an extra field (``content``, ``text``, ``message`` or
+  ``output``, the first that is a string) and no ``sketch`` gets the text's sketch.
 
 Files: ``.json`` (one trace, or a list), ``.jsonl``/``.jsonl.gz`` (one a line), or folders of them.
 """
@@ -24,6 +26,7 @@ from pydantic import ValidationError
 
 from stopserve.errors import ImporterError
 from stopserve.importers._common import OnError, fail, finish, iter_files, iter_json_records, report
+from stopserve.signals.sketch import sketch
 from stopserve.trace import Event, Trace
 
 __all__ = ["convert", "read"]
@@ -44,12 +47,19 @@ _RESERVED: Final = (
     "to",
     "tool",
     "content_ref",
+    "sketch",
 )
+#: extra event fields that may hold the event's text: the first string one is sketched
+_TEXT_FIELDS: Final = ("content", "text", "message", "output")
 _SUFFIXES: Final = (".json", ".jsonl", ".jsonl.gz", ".json.gz", ".ndjson")
 
 
 def _fit_event(ev: dict[str, Any]) -> dict[str, Any]:
-    """Rename reserved extra fields whose values v1 would reject."""
+    """Rename reserved extra fields whose values v1 would reject; sketch an event's text if it has one."""
+    if "sketch" not in ev:
+        text = next((ev[k] for k in _TEXT_FIELDS if isinstance(ev.get(k), str)), None)
+        if text is not None:
+            ev = {**ev, "sketch": sketch(text)}
     try:
         Event.model_validate(ev, strict=True)
         return ev

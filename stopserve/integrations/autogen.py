@@ -35,7 +35,7 @@ from pydantic import BaseModel
 
 from stopserve.api import DecideResponse, OutcomeResponse
 from stopserve.client import DEFAULT_TIMEOUT, AsyncStopClient
-from stopserve.ids import content_ref
+from stopserve.ids import content_refs
 from stopserve.integrations._common import (
     Outbox,
     RunClock,
@@ -84,6 +84,7 @@ class StopServeTerminationConfig(BaseModel):
     system: str = "autogen"
     run_prefix: str = "autogen-"
     replies_as_turns: bool = True
+    sketch: bool = True
 
 
 def _tokens(message: BaseAgentEvent | BaseChatMessage) -> int | None:
@@ -94,13 +95,18 @@ def _tokens(message: BaseAgentEvent | BaseChatMessage) -> int | None:
 
 
 def events_from_messages(
-    messages: Sequence[BaseAgentEvent | BaseChatMessage], clock: RunClock, *, replies_as_turns: bool = True
+    messages: Sequence[BaseAgentEvent | BaseChatMessage],
+    clock: RunClock,
+    *,
+    replies_as_turns: bool = True,
+    sketch: bool = True,
 ) -> list[Event]:
     """Format-v1 events for AutoGen messages (ids derive from message ids: retries are idempotent).
 
     ``replies_as_turns`` (default) maps an agent's reply to ``return`` (it hands its turn
     back to the team) and ends a handoff with one, so every agent turn is a decision
     point; ``False`` maps replies to ``communicate`` (only tool and code results are turns).
+    Events with content carry its hash and its sketch (``sketch=False``: the hash only).
     """
     out: list[dict[str, Any]] = []
     for message in messages:
@@ -114,7 +120,7 @@ def events_from_messages(
                     {
                         "type": "tool_use",
                         "tool": call.name,
-                        "content_ref": content_ref([call.name, call.arguments]),
+                        **content_refs([call.name, call.arguments]),
                     }
                 )
         elif isinstance(message, ToolCallExecutionEvent):
@@ -124,11 +130,11 @@ def events_from_messages(
                         "type": "return",
                         "tool": result.name,
                         "error": bool(result.is_error),
-                        "content_ref": content_ref(result.content),
+                        **content_refs(result.content),
                     }
                 )
         elif isinstance(message, CodeGenerationEvent):
-            items.append({"type": "tool_use", "tool": "code", "content_ref": content_ref(message.content)})
+            items.append({"type": "tool_use", "tool": "code", **content_refs(message.content)})
         elif isinstance(message, CodeExecutionEvent):
             code = message.result
             items.append(
@@ -136,13 +142,11 @@ def events_from_messages(
                     "type": "return",
                     "tool": "code",
                     "error": code.exit_code != 0,
-                    "content_ref": content_ref(code.output),
+                    **content_refs(code.output),
                 }
             )
         elif isinstance(message, HandoffMessage):
-            items.append(
-                {"type": "delegate", "to": message.target, "content_ref": content_ref(message.content)}
-            )
+            items.append({"type": "delegate", "to": message.target, **content_refs(message.content)})
             if replies_as_turns:
                 # the handoff ends the agent's turn; no content: a handoff's text is boilerplate,
                 # the same every time, and must not count as a repeated reply
@@ -154,7 +158,7 @@ def events_from_messages(
         elif isinstance(message, BaseChatMessage):
             item: dict[str, Any] = {
                 "type": "communicate",
-                "content_ref": content_ref(message.to_model_text()),
+                **content_refs(message.to_model_text()),
             }
             if message.source == "user":
                 item["role"] = "human"
@@ -167,6 +171,8 @@ def events_from_messages(
             event = {**base, **item, "id": message.id if len(items) == 1 else f"{message.id}:{i}"}
             if tokens and i == 0:
                 event["tokens"] = tokens  # the model call's usage, counted once
+            if not sketch:
+                event.pop("sketch", None)
             out.append(event)
     return [Event.model_validate(e) for e in out]
 
@@ -202,6 +208,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         system: str = "autogen",
         run_prefix: str = "autogen-",
         replies_as_turns: bool = True,
+        sketch: bool = True,
     ) -> None:
         if objective is not None and not isinstance(objective, Objective):
             objective = Objective.from_dict(objective)
@@ -216,6 +223,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
             system=system,
             run_prefix=run_prefix,
             replies_as_turns=replies_as_turns,
+            sketch=sketch,
         )
         self.client = integration_client(
             AsyncStopClient,
@@ -253,7 +261,10 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
             self.last_decision = None
         run_id = self._run_id
         self.last_run_id = run_id
-        events = events_from_messages(messages, self._clock, replies_as_turns=self._config.replies_as_turns)
+        config = self._config
+        events = events_from_messages(
+            messages, self._clock, replies_as_turns=config.replies_as_turns, sketch=config.sketch
+        )
         ready = self._outbox.ready(events)
         if ready is None:
             return None  # no decision point yet (the task alone): nothing to ask

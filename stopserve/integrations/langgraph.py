@@ -55,7 +55,7 @@ from typing import Any
 
 from stopserve.api import DecideResponse, OutcomeResponse
 from stopserve.client import DEFAULT_TIMEOUT, StopClient
-from stopserve.ids import content_ref
+from stopserve.ids import content_refs
 from stopserve.integrations._common import (
     Outbox,
     RunClock,
@@ -114,12 +114,18 @@ def _tokens(message: AIMessage) -> int | None:
 
 
 def events_from_messages(
-    messages: Sequence[Any], clock: RunClock, seen: set[str] | None = None, *, replies_as_turns: bool = True
+    messages: Sequence[Any],
+    clock: RunClock,
+    seen: set[str] | None = None,
+    *,
+    replies_as_turns: bool = True,
+    sketch: bool = True,
 ) -> list[Event]:
     """Format-v1 events for the LangChain messages whose ids are not in ``seen`` (updated).
 
     ``replies_as_turns`` (default) maps an ``AIMessage`` without tool calls to ``return``
-    (its node hands the turn back: a decision point), else to ``communicate``.
+    (its node hands the turn back: a decision point), else to ``communicate``. Events with
+    content carry its hash and its sketch (``sketch=False``: the hash only).
     """
     seen = set() if seen is None else seen
     out: list[Event] = []
@@ -141,7 +147,7 @@ def events_from_messages(
                         "type": "tool_use",
                         "agent": agent,
                         "tool": call["name"],
-                        "content_ref": content_ref([call["name"], call.get("args")]),
+                        **content_refs([call["name"], call.get("args")]),
                     }
                 )
             if not items:
@@ -150,7 +156,7 @@ def events_from_messages(
                         "id": mid,
                         "type": "return" if replies_as_turns else "communicate",
                         "agent": agent,
-                        "content_ref": content_ref(message.content),
+                        **content_refs(message.content),
                     }
                 )
         elif isinstance(message, ToolMessage):
@@ -161,7 +167,7 @@ def events_from_messages(
                     "agent": message.name or "tools",
                     "tool": message.name,
                     "error": message.status == "error",
-                    "content_ref": content_ref(message.content),
+                    **content_refs(message.content),
                 }
             )
         elif isinstance(message, SystemMessage):
@@ -171,7 +177,7 @@ def events_from_messages(
                 "id": mid,
                 "type": "communicate",
                 "agent": message.name or message.type,
-                "content_ref": content_ref(message.content),
+                **content_refs(message.content),
             }
             if isinstance(message, HumanMessage):
                 item["role"] = "human"
@@ -180,6 +186,8 @@ def events_from_messages(
             item["t"] = t
             if tokens and i == 0:
                 item["tokens"] = tokens
+            if not sketch:
+                item.pop("sketch", None)
             out.append(Event.model_validate(item))
     return out
 
@@ -210,6 +218,7 @@ class StopServeRouter:
         run_prefix: str = "langgraph-",
         max_runs: int = 10_000,
         replies_as_turns: bool = True,
+        sketch: bool = True,
         client: StopClient | None = None,
     ) -> None:
         self.then = then if then is not None else tools_condition
@@ -220,6 +229,7 @@ class StopServeRouter:
         self.run_prefix = run_prefix
         self.max_runs = max_runs
         self.replies_as_turns = replies_as_turns
+        self.sketch = sketch
         self.client = client or integration_client(
             StopClient,
             url,
@@ -261,7 +271,9 @@ class StopServeRouter:
         track = self._track(run_id)
         messages = _messages(state, self.messages_key)
         turns = self.replies_as_turns
-        events = events_from_messages(messages, track.clock, track.seen, replies_as_turns=turns)
+        events = events_from_messages(
+            messages, track.clock, track.seen, replies_as_turns=turns, sketch=self.sketch
+        )
         ready = track.outbox.ready(events)
         if ready is None:
             return self.then(state)  # no decision point yet (the task, a first model call)

@@ -55,7 +55,7 @@ from typing import Any, Final
 
 from stopserve.api import DecideResponse, OutcomeResponse
 from stopserve.client import DEFAULT_TIMEOUT, AsyncStopClient
-from stopserve.ids import content_ref
+from stopserve.ids import content_refs
 from stopserve.integrations._common import (
     Outbox,
     RunClock,
@@ -93,15 +93,15 @@ LOCAL_TOOL_CALLS: Final = frozenset(
 )
 
 
-def _call_ref(item: Any, kind: str) -> tuple[str, str]:
-    """The tool name and content ref of a local tool call item."""
+def _call_refs(item: Any, kind: str) -> tuple[str, dict[str, str]]:
+    """The tool name and the content fields (ref and sketch) of a local tool call item."""
     if kind == "function_call":
         name = str(getattr(item, "name", "tool"))
-        return name, content_ref([name, getattr(item, "arguments", "")])
+        return name, content_refs([name, getattr(item, "arguments", "")])
     name = str(getattr(item, "name", None) or kind.removesuffix("_call"))
     dump = getattr(item, "model_dump", None)
     payload = dump(mode="json", exclude={"id", "call_id", "status"}) if callable(dump) else str(item)
-    return name, content_ref(payload)
+    return name, content_refs(payload)
 
 
 def _default_final(decision: DecideResponse, results: list[FunctionToolResult]) -> str:
@@ -133,6 +133,7 @@ class StopServeHooks(RunHooks[Any]):
         run_prefix: str = "agents-",
         run_id: str | None = None,
         replies_as_turns: bool = True,
+        sketch: bool = True,
         client: AsyncStopClient | None = None,
     ) -> None:
         self.client = client or integration_client(
@@ -145,6 +146,8 @@ class StopServeHooks(RunHooks[Any]):
             topology=topology,
         )
         self.replies_as_turns = replies_as_turns
+        #: whether events with content carry its sketch beside its hash
+        self.sketch = sketch
         self.final_output = final_output or _default_final
         self.task_id = task_id
         self.system = system
@@ -178,6 +181,8 @@ class StopServeHooks(RunHooks[Any]):
 
     def _event(self, **fields: Any) -> Event:
         self._n += 1
+        if not self.sketch:
+            fields.pop("sketch", None)
         return Event.model_validate({"id": f"{self._current()}-{self._n}", "t": self._clock.now(), **fields})
 
     async def _ask(self, events: list[Event]) -> DecideResponse | None:
@@ -205,15 +210,15 @@ class StopServeHooks(RunHooks[Any]):
         for item in response.output:
             kind = getattr(item, "type", None)
             if kind == "function_call" and getattr(item, "name", None) in targets:
-                name, ref = _call_ref(item, kind)
-                items.append({"type": "delegate", "to": targets[name], "content_ref": ref})
+                name, refs = _call_refs(item, kind)
+                items.append({"type": "delegate", "to": targets[name], **refs})
             elif kind in LOCAL_TOOL_CALLS:
-                name, ref = _call_ref(item, str(kind))
-                items.append({"type": "tool_use", "tool": name, "content_ref": ref})
+                name, refs = _call_refs(item, str(kind))
+                items.append({"type": "tool_use", "tool": name, **refs})
                 calls_tools = True
             elif kind == "message":
                 texts = [getattr(c, "text", "") for c in getattr(item, "content", [])]
-                items.append({"type": "communicate", "content_ref": content_ref("".join(texts))})
+                items.append({"type": "communicate", **content_refs("".join(texts))})
             # reasoning and hosted tools (their results are in this response) carry no action
         if self.replies_as_turns and not calls_tools:
             # the response is the agent's whole turn: it hands the turn back (a decision point)
@@ -233,7 +238,7 @@ class StopServeHooks(RunHooks[Any]):
         self, context: RunContextWrapper[Any], agent: Agent[Any], tool: Tool, result: object
     ) -> None:
         name = getattr(tool, "name", "tool")
-        event = self._event(type="return", agent=agent.name, tool=name, content_ref=content_ref(str(result)))
+        event = self._event(type="return", agent=agent.name, tool=name, **content_refs(str(result)))
         await self._ask([event])
 
     async def on_handoff(self, context: RunContextWrapper[Any], from_agent: Any, to_agent: Any) -> None:

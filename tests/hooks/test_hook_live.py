@@ -12,10 +12,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _hookkit import ClaudeSession, CodexSession, records, run_hook
 from servers import LiveServer, free_port
+from sketchkit import similar, traceback_at
 
 from stopserve.safety import LoopConfig
 
@@ -412,3 +414,55 @@ def test_a_session_has_no_time_budget_unless_the_hook_sets_one(
     assert told.answer is not None and told.answer["decision"] == "block", told.stderr
     last = records(state)[-1]
     assert (last["reason"], last["safety_net"]) == ("budget_exhausted", "max_seconds")
+
+
+def _labelled_trace(session: str, url: str, state: Path) -> dict[str, Any]:
+    argv = [
+        sys.executable,
+        "-m",
+        "stopserve",
+        "label",
+        session,
+        "--reward",
+        "0",
+        "--url",
+        url,
+        "--state-dir",
+        str(state),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    trace_log = done.stdout.split("-> ")[1].split(";")[0]
+    (trace,) = [
+        t for t in map(json.loads, Path(trace_log).read_text().splitlines()) if t["trace_id"] == session
+    ]
+    return trace
+
+
+def test_the_hook_posts_sketches_and_no_sketch_leaves_them_out(
+    server: LiveServer, tmp_path: Path, state: Path
+) -> None:
+    command = {"command": "python manage.py migrate", "description": "migrate"}
+    traces = {}
+    for flag in ((), ("--no-sketch",)):
+        session = f"sess-sketch{len(flag)}"
+        s = ClaudeSession(tmp_path / "proj", session)
+        s.user("Migrate the database")
+        for i in range(3):  # the same failure, at another time, pid, address and line
+            response = {"stdout": traceback_at(i), "stderr": "", "interrupted": False, "isImage": False}
+            s.call(f"toolu_m{i}", "Bash", command)
+            hook_input = s.post_tool(f"toolu_m{i}", "Bash", command, response)
+            assert run_hook("claude-code", hook_input, url=server.url, state=state, args=flag).rc == 0
+            s.result(f"toolu_m{i}", response)
+        traces[flag] = _labelled_trace(session, server.url, state)
+    outs = [e for e in traces[()]["events"] if e["type"] == "return"]
+    assert len(outs) == 3 and len({e["content_ref"] for e in outs}) == 3  # three different outputs
+    assert (
+        similar(outs[0]["sketch"], outs[1]["sketch"]) == similar(outs[0]["sketch"], outs[2]["sketch"]) == 1.0
+    )
+    calls = [e for e in traces[()]["events"] if e["type"] == "tool_use"]
+    assert (
+        similar(calls[0]["sketch"], calls[1]["sketch"]) == 1.0
+        and similar(calls[0]["sketch"], outs[0]["sketch"]) < 0.2
+    )
+    assert not any("sketch" in e for e in traces[("--no-sketch",)]["events"])

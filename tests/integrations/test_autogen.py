@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from servers import LiveServer
+from sketchkit import similar, traceback_at
 
 pytest.importorskip("autogen_agentchat")
 
@@ -220,3 +221,41 @@ def test_text_only_team_counts_replies_as_turns(server: LiveServer) -> None:
     assert [m.source for m in result.messages] == ["user", "writer", "critic"]
     events = events_from_messages(result.messages, RunClock())
     assert [e.type for e in events] == ["communicate", "return", "return"]
+
+
+def test_the_same_failure_at_another_time_is_one_sketch(server: LiveServer) -> None:
+    tries = iter(range(100))
+
+    def migrate(path: str) -> str:
+        """Run the migrations at path."""
+        return traceback_at(next(tries))
+
+    def call(i: int) -> CreateResult:
+        return CreateResult(
+            finish_reason="function_calls",
+            content=[FunctionCall(id=f"m{i}", name="migrate", arguments='{"path": "db"}')],
+            usage=RequestUsage(prompt_tokens=10, completion_tokens=2),
+            cached=False,
+        )
+
+    traces = {}
+    for sketch in (True, False):
+        stop = StopServeTermination(server.url, safety={"max_turns": 3}, timeout=2.0, sketch=sketch)
+        model = ReplayChatCompletionClient([call(i) for i in range(6)], model_info=MODEL_INFO)
+        coder = AssistantAgent("coder", model_client=model, tools=[migrate])
+        team = RoundRobinGroupChat([coder], termination_condition=stop | MaxMessageTermination(50))
+
+        async def main(team: RoundRobinGroupChat = team, stop: StopServeTermination = stop) -> None:
+            await team.run(task="migrate the db")
+            await stop.outcome({"team": 0.0})
+            await stop.aclose()
+
+        asyncio.run(main())
+        traces[sketch] = next(
+            t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == stop.last_run_id
+        )
+    outs = [e for e in traces[True].events if e.type == "return" and e.tool == "migrate"]
+    assert len(outs) == 3 and len({e.content_ref for e in outs}) == 3  # three different texts
+    assert similar(outs[0].sketch, outs[1].sketch) == similar(outs[0].sketch, outs[2].sketch) == 1.0
+    assert all(e.sketch is None for e in traces[False].events)
+    assert StopServeTermination(sketch=False).dump_component().config["sketch"] is False

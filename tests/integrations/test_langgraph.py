@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from servers import LiveServer
+from sketchkit import similar, traceback_at
 
 pytest.importorskip("langgraph")
 
@@ -41,15 +42,17 @@ def scripted(n: int) -> FakeMessagesListChatModel:
     return FakeMessagesListChatModel(responses=replies)
 
 
-def build(router: StopServeRouter, n: int = 20, with_stop_node: bool = False) -> Any:
-    model = scripted(n)
+def build(
+    router: StopServeRouter, n: int = 20, with_stop_node: bool = False, model: Any = None, tool: Any = None
+) -> Any:
+    model = model or scripted(n)
 
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
-    builder.add_node("tools", ToolNode([run_tests]))
+    builder.add_node("tools", ToolNode([tool or run_tests]))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", router)
     builder.add_edge("tools", "agent")
@@ -180,3 +183,46 @@ def test_stop_at_the_final_answer_keeps_it_last(server: LiveServer) -> None:
     d = router.decision(config=config)
     assert d is not None and d.action == "stop" and d.turn == 1  # the answer was a turn
     assert state["messages"][-1].content == "done"  # the graph ended on its own answer
+
+
+_TRIES = iter(range(10**6))
+
+
+@tool
+def migrate(path: str) -> str:
+    """Run the migrations at path."""
+    return traceback_at(next(_TRIES))
+
+
+def test_the_same_failure_at_another_time_is_one_sketch(server: LiveServer) -> None:
+    traces = {}
+    for sketch in (True, False):
+        model = FakeMessagesListChatModel(
+            responses=[
+                *(
+                    AIMessage(
+                        content="", tool_calls=[{"name": "migrate", "args": {"path": "db"}, "id": f"m{i}"}]
+                    )
+                    for i in range(3)
+                ),
+                AIMessage(content="giving up"),
+            ]
+        )
+
+        router = StopServeRouter(server.url, safety={"max_turns": 50}, timeout=2.0, sketch=sketch)
+        graph = build(router, model=model, tool=migrate)
+        config = {"configurable": {"thread_id": f"lg-sketch-{sketch}"}}
+        graph.invoke({"messages": [HumanMessage(content="migrate the db")]}, config)
+        router.outcome({"team": 0.0}, config=config)
+        router.close()
+        traces[sketch] = next(
+            t
+            for t in read_traces(server.log_dir / "traces.jsonl")
+            if t.trace_id == f"langgraph-lg-sketch-{sketch}"
+        )
+    outs = [e for e in traces[True].events if e.type == "return" and e.tool == "migrate"]
+    assert len(outs) == 3 and len({e.content_ref for e in outs}) == 3  # three different texts
+    assert similar(outs[0].sketch, outs[1].sketch) == similar(outs[1].sketch, outs[2].sketch) == 1.0
+    calls = [e for e in traces[True].events if e.type == "tool_use"]
+    assert len(calls) == 3 and similar(calls[0].sketch, outs[0].sketch) < 0.2
+    assert all(e.sketch is None for e in traces[False].events)

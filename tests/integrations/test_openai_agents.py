@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from servers import LiveServer
+from sketchkit import similar, traceback_at
 
 pytest.importorskip("agents")
 
@@ -200,3 +201,43 @@ def test_a_stop_disables_handoffs_so_the_run_ends_cleanly(server: LiveServer) ->
     # without attach the same agents run into the SDK's own cap, an exception
     with pytest.raises(MaxTurnsExceeded):
         asyncio.run(Runner.run(a, "x", max_turns=5, run_config=RUN_CONFIG))
+
+
+_TRIES = iter(range(10**6))
+
+
+@function_tool
+def run_tests_again(path: str) -> str:
+    """Run the test suite at path (it fails the same way each time, at another time)."""
+    return traceback_at(next(_TRIES))
+
+
+class SameCallModel(ScriptedModel):
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        self.calls += 1
+        item = function_call("run_tests_again", {"path": "tests"}, call_id=f"again{self.calls}")
+        usage = Usage(requests=1, input_tokens=10, output_tokens=2, total_tokens=12)
+        return ModelResponse(output=[item], usage=usage, response_id=None)
+
+
+def test_the_same_failure_at_another_time_is_one_sketch(server: LiveServer) -> None:
+    traces = {}
+    for sketch in (True, False):
+        hooks = StopServeHooks(server.url, safety={"max_turns": 3}, timeout=2.0, sketch=sketch)
+        agent = hooks.attach(Agent(name="coder", tools=[run_tests_again], model=SameCallModel(n=0)))
+
+        async def main(agent: Agent[Any] = agent, hooks: StopServeHooks = hooks) -> None:
+            await Runner.run(agent, "fix it", hooks=hooks, max_turns=30, run_config=RUN_CONFIG)
+            await hooks.outcome({"team": 0.0})
+            await hooks.aclose()
+
+        asyncio.run(main())
+        traces[sketch] = next(
+            t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == hooks.last_run_id
+        )
+    outs = [e for e in traces[True].events if e.type == "return"]
+    calls = [e for e in traces[True].events if e.type == "tool_use"]
+    assert len(outs) == 3 and len({e.content_ref for e in outs}) == 3  # three different texts
+    assert similar(outs[0].sketch, outs[1].sketch) == similar(outs[0].sketch, outs[2].sketch) == 1.0
+    assert similar(calls[0].sketch, calls[2].sketch) == 1.0 and similar(calls[0].sketch, outs[0].sketch) < 0.2
+    assert all(e.sketch is None for e in traces[False].events)

@@ -116,6 +116,21 @@ def test_safety_net_stops_and_outcome_writes_a_v1_trace(client: TestClient, tmp_
     assert client.post("/v1/runs/run-7/outcome", json={"rewards": {"team": 1}}).status_code == 409
 
 
+def test_sketches_are_taken_kept_in_the_trace_and_a_bad_one_named(client: TestClient, tmp_path: Path) -> None:
+    from stopserve.signals.sketch import sketch
+
+    wire = sketch("FAILED tests/test_x.py::test_y at 10:00:01")
+    r = client.post("/v1/runs/sk/decide", json={"events": [ev(0, sketch=wire)]})
+    assert r.status_code == 200, r.text
+    bad = client.post("/v1/runs/sk/decide", json={"events": [ev(1, sketch="mh1:zz")]})
+    assert bad.status_code == 422
+    issue = bad.json()["error"]["issues"][0]
+    assert issue["field"] == "body.events[0].sketch" and "128 hex digits" in issue["message"]
+    assert client.post("/v1/runs/sk/outcome", json={"rewards": {"team": 1.0}}).status_code == 200
+    (trace,) = [t for t in read_traces(tmp_path / "logs" / "traces.jsonl") if t.trace_id == "sk"]
+    assert [e.sketch for e in trace.events] == [wire]
+
+
 def test_outcome_of_unknown_run_and_empty_run(client: TestClient) -> None:
     r = client.post("/v1/runs/nope/outcome", json={"rewards": {"team": 0}})
     assert r.status_code == 404 and "nope" in r.json()["error"]["message"]

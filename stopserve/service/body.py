@@ -93,12 +93,17 @@ def _located(exc: ValidationError, *where: str) -> list[Any]:
 
 def parse_body(model: type[_M], raw: bytes, scope: MutableMapping[str, Any], errors: list[Any]) -> _M | None:
     """The body as ``model``, validated from bytes; problems are appended to ``errors`` (loc ``body...``)."""
-    if not raw:
-        errors.append({"type": "missing", "loc": ("body",), "msg": "Field required", "input": None})
-        return None
-    if not _json_content(scope):
+    if raw and not _json_content(scope):
         msg = "Expected a JSON body (Content-Type: application/json)"
         errors.append({"type": "content_type", "loc": ("body",), "msg": msg, "input": None})
+        return None
+    return _validated(model, raw, errors)
+
+
+def _validated(model: type[_M], raw: bytes, errors: list[Any]) -> _M | None:
+    """:func:`parse_body` once the content type was checked."""
+    if not raw:
+        errors.append({"type": "missing", "loc": ("body",), "msg": "Field required", "input": None})
         return None
     try:
         return model.model_validate_json(raw)
@@ -144,6 +149,8 @@ class _BodyCounter:
 
     async def feed(self, chunk: bytes) -> None:
         """Count ``chunk`` in small slices, letting other requests run between them."""
+        if not self.limits:
+            return
         for at in range(0, len(chunk), _SLICE):
             if self._broken:
                 return
@@ -184,7 +191,6 @@ async def read_and_parse(
         msg = "Expected a JSON body (Content-Type: application/json)"
         errors.append({"type": "content_type", "loc": ("body",), "msg": msg, "input": None})
         return b"", None
-    limits = _count_limits(model, engine)
     chunks: list[bytes] = []
     size = 0
     counter: _BodyCounter | None = None
@@ -196,11 +202,11 @@ async def read_and_parse(
         if chunk:
             chunks.append(chunk)
             size += len(chunk)
-            if limits and size > SMALL_BODY:
+            if size > SMALL_BODY:
                 # counted on the event loop, in slices with a yield between them: a worker
                 # thread would trade the GIL with the loop and slow small requests more
                 if counter is None:
-                    counter = _BodyCounter(limits)
+                    counter = _BodyCounter(_count_limits(model, engine))
                     await counter.feed(b"".join(chunks))
                 else:
                     await counter.feed(chunk)
@@ -208,7 +214,7 @@ async def read_and_parse(
             break
     raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     if len(raw) <= SMALL_BODY:
-        return raw, parse_body(model, raw, scope, errors)
+        return raw, _validated(model, raw, errors)
     return raw, await engine.offload(parse_body, model, raw, scope, errors)
 
 
@@ -259,11 +265,17 @@ _SCHEMA_REF: Final = "#/components/schemas/{model}"
 _BY_REF: dict[str, type[BaseModel]] = {}
 
 
-def body_doc(model: type[BaseModel]) -> dict[str, Any]:
-    """The ``openapi_extra`` of a route that reads ``model`` from its JSON body itself (by reference)."""
+def body_doc(model: type[BaseModel], *parameters: dict[str, Any]) -> dict[str, Any]:
+    """The ``openapi_extra`` of a route that reads ``model`` from its JSON body itself (by reference),
+    and the path ``parameters`` it reads itself (e.g. ``deps.RUN_ID_PARAMETER``)."""
     ref = _SCHEMA_REF.format(model=model.__name__)
     _BY_REF[ref] = model
-    return {"requestBody": {"content": {"application/json": {"schema": {"$ref": ref}}}, "required": True}}
+    doc: dict[str, Any] = {
+        "requestBody": {"content": {"application/json": {"schema": {"$ref": ref}}}, "required": True}
+    }
+    if parameters:
+        doc["parameters"] = list(parameters)
+    return doc
 
 
 def inline_body_doc(model: type[BaseModel], *, required: bool) -> dict[str, Any]:

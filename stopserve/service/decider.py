@@ -49,6 +49,7 @@ class Decider:
         self.challengers = challengers
         self.default_safety = default_safety
         self._rng = random.Random(settings.seed)
+        self._exploration = settings.exploration  # computed once: the settings do not change
         # a large request decides in a worker thread while the event loop decides the others:
         # the policy's single-row predictor shares one output buffer, so decisions take turns
         self._policy_lock = threading.Lock()
@@ -109,8 +110,8 @@ class Decider:
         it to its own stop). It depends on the run's state alone, so the logged propensity is
         the true probability of the action taken.
         """
-        plain, aimed = self.settings.exploration[1 if explored else 0]
-        return aimed if any(d.action == "continue" for _, d in theirs) else plain
+        plain, aimed = self._exploration[1 if explored else 0]
+        return aimed if theirs and any(d.action == "continue" for _, d in theirs) else plain
 
     # ------------------------------------------------------------------ shadows
 
@@ -123,6 +124,8 @@ class Decider:
         proposed_stop: bool,
     ) -> list[tuple[Challenger, StopDecision]]:
         """Every challenger's answer on the run's state (no exploration), never acted on."""
+        if not self.challengers:
+            return []
         return [
             (c, self._decide(c.policy, state, lam, cost_share, safety, proposed_stop))
             for c in self.challengers

@@ -20,7 +20,7 @@ from stopserve.api import (
 )
 from stopserve.error_table import openapi_responses
 from stopserve.service.body import body_doc, gone, json_response, read_body
-from stopserve.service.deps import RunIdOfBody, get_engine
+from stopserve.service.deps import RUN_ID_PARAMETER, get_engine
 
 __all__ = ["router"]
 
@@ -31,10 +31,11 @@ router = APIRouter(tags=["decide"], responses=openapi_responses())
     "/v1/runs/{run_id:path}/decide",
     response_model=DecideResponse,
     summary="Continue or stop this run? (the first call creates it)",
-    openapi_extra=body_doc(DecideRequest),
+    openapi_extra=body_doc(DecideRequest, RUN_ID_PARAMETER),
 )
-async def decide(request: Request, run_id: RunIdOfBody) -> Response:
+async def decide(request: Request) -> Response:
     """Send the events since the last call; events already seen are ignored (safe retries)."""
+    run_id: str = request.path_params["run_id"]
     body = await read_body(request, DecideRequest, run_id)
     return json_response(await get_engine(request).decide(run_id, body)) if body is not None else gone()
 

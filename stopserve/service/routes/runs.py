@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from stopserve.api import MAX_INT, MAX_NUMBER, CreditResponse, OutcomeRequest, OutcomeResponse, RunInfo
 from stopserve.error_table import openapi_responses
 from stopserve.service.body import body_doc, gone, json_response, read_body
-from stopserve.service.deps import RUN_PATH, EngineDep, RunId, RunIdOfBody, get_engine
+from stopserve.service.deps import RUN_ID_PARAMETER, RUN_PATH, EngineDep, RunId, get_engine
 
 __all__ = ["router"]
 
@@ -29,10 +29,11 @@ _RUN = "/v1/runs/{run_id:" + RUN_PATH + "}"
     "/v1/runs/{run_id:path}/outcome",
     response_model=OutcomeResponse,
     summary="Post the final rewards: closes the run and logs its trace",
-    openapi_extra=body_doc(OutcomeRequest),
+    openapi_extra=body_doc(OutcomeRequest, RUN_ID_PARAMETER),
 )
-async def outcome(request: Request, run_id: RunIdOfBody) -> Response:
+async def outcome(request: Request) -> Response:
     """The complete trace (events, decisions, outcome) goes to ``traces.jsonl``, format v1."""
+    run_id: str = request.path_params["run_id"]
     body = await read_body(request, OutcomeRequest, run_id)
     if body is None:
         return gone()

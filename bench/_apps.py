@@ -72,7 +72,7 @@ def fastpath_app() -> Any:
     from starlette.requests import Request
 
     from stopserve.ids import RUN_ID_PATTERN
-    from stopserve.service.app import _read_and_parse
+    from stopserve.service.body import read_and_parse
 
     run_id_re = re.compile(RUN_ID_PATTERN)
 
@@ -99,7 +99,7 @@ def fastpath_app() -> Any:
             try:
                 engine = app.state.engine
                 errors: list[Any] = []
-                raw, body = await _read_and_parse(DecideRequest, scope, receive, engine, errors)
+                raw, body = await read_and_parse(DecideRequest, scope, receive, engine, errors)
                 if raw is None:
                     return
                 if errors or body is None:

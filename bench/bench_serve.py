@@ -13,6 +13,10 @@ throughput >= 0.8x bare (typed), p99 <= 1.5x bare (typed).
 One contender is not shipped: the ASGI fast path the service answered decide calls with
 before issue 16 (``fastpath_app`` in ``_apps.py``), run with fsync 'interval' beside the
 shipped routes so the section says, from the same run, what the plain routes cost.
+
+``--baseline-code DIR`` serves another commit's code (``git archive C stopserve bench models |
+tar -x -C DIR``) as one more server, with fsync 'interval', so a change is measured before and
+after in the same run.
 """
 
 from __future__ import annotations
@@ -86,17 +90,20 @@ class Server:
     error: str | None = None
     probe: dict[str, Any] | None = None
     argv: list[str] | None = None  # a whole command line instead of uvicorn + factory ("{port}" filled in)
+    code: Path = ROOT  # the checkout whose stopserve and bench/_apps.py the server runs
 
     def start(self, workdir: Path) -> None:
         self.port = free_port()
-        env = {**os.environ, **self.env, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, **self.env, "PYTHONPATH": str(self.code)}
         self._err = (workdir / f"{self.name.replace(' ', '_')}.stderr").open("wb")
-        cmd = [sys.executable, "-m", "uvicorn", self.factory, "--port", str(self.port), *UVICORN_FLAGS]
+        flags = [*UVICORN_FLAGS]
+        flags[flags.index("--app-dir") + 1] = str(self.code / "bench")
+        cmd = [sys.executable, "-m", "uvicorn", self.factory, "--port", str(self.port), *flags]
         if self.argv is not None:
             cmd = [a.replace("{port}", str(self.port)) for a in self.argv]
         self.proc = subprocess.Popen(
             cmd,
-            cwd=ROOT,
+            cwd=self.code,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=self._err,
@@ -239,10 +246,19 @@ BARE = "bare FastAPI, DecideRequest body"  # the baseline of the targets: same b
 BARE_DICT = "bare FastAPI, dict body"
 SHIPPED = "stopserve, log interval"
 CONTENDER = "contender: ASGI fast path, log interval"  # not shipped: bench/_apps.py fastpath_app
+BASELINE = "baseline code: stopserve, log interval"  # --baseline-code DIR: the same server, older code
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(__doc__ or "").parse_args(argv)
+    p = parser((__doc__ or "").splitlines()[0])
+    p.add_argument(
+        "--baseline-code",
+        type=Path,
+        metavar="DIR",
+        help="also serve the stopserve in DIR (an export of an older commit: stopserve, bench, models) "
+        "with fsync 'interval', beside this code's",
+    )
+    args = p.parse_args(argv)
     sec = Section("Serving: decide over HTTP against bare FastAPI", sys.argv)
     wrk = ensure_wrk()
     app_mod = load("stopserve.service.app", "create_app")
@@ -283,6 +299,12 @@ def main(argv: list[str] | None = None) -> int:
                 "BENCH_FSYNC": fsync or "interval",
             }
             servers.append(Server(f"stopserve, log {label}", "_apps:stopserve_app", env, log_dir))
+            if label == "interval" and args.baseline_code is not None:
+                base_log = workdir / "serve-log-baseline"
+                shutil.rmtree(base_log, ignore_errors=True)
+                code = args.baseline_code.resolve()
+                old_env = {**env, "BENCH_LOG_DIR": str(base_log)}
+                servers.append(Server(BASELINE, "_apps:stopserve_app", old_env, base_log, code=code))
             if label == "interval" and size != "tiny":
                 # the path the service no longer ships, measured beside the one it does (issue 16)
                 fast_log = workdir / "serve-log-fastpath"
@@ -447,6 +469,26 @@ def report(
         sec.data["routes_over_fastpath"] = {
             str(c): shipped[c]["rps"] / contender[c]["rps"] for c in conns if c in shipped and c in contender
         }
+    baseline = results.get(BASELINE, {})
+    if shipped and baseline:
+        sec.add(
+            "This code against the baseline code (`--baseline-code`: the same server, model and flags, "
+            "fsync 'interval', an older commit's `stopserve`), from the rows above:",
+            "",
+        )
+        sec.table(
+            ["connections", "this code req/s", "baseline req/s", "this / baseline (throughput)",
+             "this p99 ms", "baseline p99 ms", "this / baseline (p99)"],
+            [
+                [c, shipped[c]["rps"], baseline[c]["rps"], shipped[c]["rps"] / baseline[c]["rps"],
+                 shipped[c]["p99_us"] / 1e3, baseline[c]["p99_us"] / 1e3,
+                 shipped[c]["p99_us"] / baseline[c]["p99_us"]]
+                for c in conns if c in shipped and c in baseline
+            ],
+        )  # fmt: skip
+        sec.data["over_baseline"] = {
+            str(c): shipped[c]["rps"] / baseline[c]["rps"] for c in conns if c in shipped and c in baseline
+        }
     log_rows = []
     for s in up:
         if s.log_dir is not None:
@@ -466,7 +508,7 @@ def report(
             "",
         )
     for s in up:
-        if not s.name.startswith("stopserve") or not bare:
+        if not s.name.startswith("stopserve") or not bare:  # the baseline code is not judged
             continue
         thr = min(results[s.name][c]["rps"] / bare[c]["rps"] for c in conns)
         p99 = max(results[s.name][c]["p99_us"] / bare[c]["p99_us"] for c in conns)

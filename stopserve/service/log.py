@@ -71,6 +71,8 @@ class JsonlLog:
         write: Writer = os.write,
     ) -> None:
         self.path = path
+        self._where = os.fspath(path)  # a str: os.stat of a Path converts it on every line
+        self._ino = -1
         self.fsync = fsync
         self.fsync_interval_s = fsync_interval_s
         self.max_bytes = max_bytes
@@ -92,7 +94,10 @@ class JsonlLog:
         self._thread.start()
 
     def _open(self) -> int:
-        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        """Open the file for appending; remembers its inode (to see another process rotate it)."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._ino = os.fstat(fd).st_ino
+        return fd
 
     @property
     def quarantine(self) -> Path:
@@ -212,24 +217,24 @@ class JsonlLog:
             if self._torn_at is not None:
                 os.ftruncate(self._fd, self._torn_at)  # still failing: raise, nothing is written
                 self._torn_at = None
-            size = os.fstat(self._fd).st_size
+            size = os.fstat(self._fd).st_size  # under the file lock: no other writer moves it
             chunk: list[bytes] = []
             chunk_len = 0
             for data in lines:
                 if size + chunk_len and size + chunk_len + len(data) > self.max_bytes:
-                    self._write_all(b"".join(chunk))
+                    self._write_all(b"".join(chunk), size)
                     chunk, chunk_len = [], 0
                     self._rotate()
                     size = 0
                 chunk.append(data)
                 chunk_len += len(data)
-            self._write_all(b"".join(chunk))
+            self._write_all(chunk[0] if len(chunk) == 1 else b"".join(chunk), size)
             self.lines += len(lines)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _write_all(self, data: bytes) -> None:
-        start = os.fstat(self._fd).st_size
+    def _write_all(self, data: bytes, start: int) -> None:
+        """Write ``data`` at the end of the file, ``start`` bytes long; cut back to it if that fails."""
         view = memoryview(data)
         try:
             while view:
@@ -250,10 +255,10 @@ class JsonlLog:
     def _follow_rotation(self) -> None:
         # another worker process may have rotated the file: write to the new one
         try:
-            current = os.stat(self.path).st_ino
+            current = os.stat(self._where).st_ino
         except FileNotFoundError:
             current = -1
-        if current != os.fstat(self._fd).st_ino:
+        if current != self._ino:
             old = self._fd
             self._fd = self._open()
             fcntl.flock(self._fd, fcntl.LOCK_EX)

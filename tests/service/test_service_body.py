@@ -59,11 +59,11 @@ def test_a_large_body_is_validated_off_the_event_loop(
 
     The validation waits until another task on the loop has run: inline, on the loop, that
     could never happen and the wait times out. No clock decides the result."""
-    import stopserve.service.app as app_module
+    import stopserve.service.body as body_module
 
     app = create_app(Settings(no_model=True, log_dir=None))
     body = orjson.dumps({"events": events(2000)})
-    parse = app_module._parse_body
+    parse = body_module.parse_body
     ticked = threading.Event()
     seen: list[bool] = []
 
@@ -74,7 +74,7 @@ def test_a_large_body_is_validated_off_the_event_loop(
         seen.append(ticked.wait(timeout=10))
         return parse(*args)
 
-    monkeypatch.setattr(app_module, "_parse_body", waiting_parse)
+    monkeypatch.setattr(body_module, "parse_body", waiting_parse)
 
     async def main() -> int:
         done = asyncio.Event()

@@ -5,13 +5,14 @@
 
 1. **Nets** (the budgets of the :class:`~stopserve.safety.SafetyConfig` in force, and the
    run's own budget) fire first and always win.
-2. **Rules**: the config's loop detector and ``quality_met`` (the quality target), the
+2. **Rules**: the config's loop detector, the orchestrator's own verdict (its progress
+   ledger) and ``quality_met`` (the quality target), the
    policy's **base rule** (a tuned heuristic: turn cap, cost cap, reward threshold, stated
    as a ``SafetyConfig``) and a proposed stop from the orchestrator (unless the policy
    refuses proposals) say stop. A learned model overrules a rule whose kind its manifest
-   lists in ``overrules`` (``loop``, ``quality_met``, ``rule``, ``proposed``) where it
+   lists in ``overrules`` (``loop``, ``quality_met``, ``rule``, ``proposed``, ``ledger``) where it
    expects continuing to pay by more than the ``continue`` margin. Before the config's
-   ``min_turns`` only budgets and the loop detector may stop a run.
+   ``min_turns`` only budgets, the loop detector and the ledger rule may stop a run.
 3. **The model** stops a run no rule stops where the value of continuing is below minus
    the ``stop`` margin (and the run is past the model's ``min_turns``; for a model whose
    manifest says ``"stop_on": "evidence"``, only where the run itself shows a stall:
@@ -60,7 +61,7 @@ from stopserve.errors import ConfigError, ModelIntegrityError
 from stopserve.evidence import Evidence, stall
 from stopserve.features import FEATURE_NAMES, RunState
 from stopserve.inference import Forest
-from stopserve.safety import BUDGET_NETS, DEFAULT_SAFETY, SafetyConfig, SafetyStop
+from stopserve.safety import BUDGET_NETS, DEFAULT_SAFETY, LEDGER_RULE, SafetyConfig, SafetyStop
 
 __all__ = ["Policy", "StopDecision", "cost_so_far", "cost_weight"]
 
@@ -71,8 +72,9 @@ MODEL_STOP_REASON: Final = "no_progress"
 #: The reason when the orchestrator proposed the stop and the policy accepted it.
 PROPOSED_STOP_REASON: Final = "information_complete"
 #: Kinds of rule a learned model may overrule (manifest ``overrules``): the safety config's
-#: loop detector and ``quality_met``, the policy's base rule, the orchestrator's proposed stop.
-RULE_KINDS: Final[tuple[str, ...]] = ("loop", "quality_met", "rule", "proposed")
+#: loop detector and ``quality_met``, the policy's base rule, the orchestrator's proposed stop, and the
+#: orchestrator's own verdict (``ledger``: the ``orchestrator_ledger`` rule).
+RULE_KINDS: Final[tuple[str, ...]] = ("loop", "quality_met", "rule", "proposed", "ledger")
 #: What a manifest without ``overrules`` may overrule (models trained before the nets/rules
 #: split: their loop detector and ``quality_met`` always won).
 LEGACY_OVERRULES: Final = frozenset({"rule", "proposed"})
@@ -555,7 +557,13 @@ class Policy:
         fired: list[tuple[str, SafetyStop | None, str]] = []
         by_config = cfg.check_rules(state)
         if by_config is not None:
-            kind = "loop" if by_config.reason == "loop_detected" else "quality_met"
+            kind = (
+                "ledger"
+                if LEDGER_RULE in by_config.name.split("&")
+                else "loop"
+                if by_config.reason == "loop_detected"
+                else "quality_met"
+            )
             fired.append((kind, by_config, by_config.name))
         allowed = cfg.allows_stop(state)
         if allowed:

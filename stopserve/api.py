@@ -14,7 +14,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from stopserve.ids import RUN_ID_PATTERN
-from stopserve.trace import Budget, Event, Stop, StopReason, Topology
+from stopserve.trace import Budget, Event, Progress, Stop, StopReason, Topology
 
 __all__ = [
     "API_VERSION",
@@ -24,6 +24,7 @@ __all__ = [
     "MAX_TEXT_CHARS",
     "ApiBudget",
     "ApiEvent",
+    "ApiProgress",
     "BatchDecideRequest",
     "BatchDecideResponse",
     "BatchItem",
@@ -81,6 +82,15 @@ _EVENT_EXAMPLE: dict[str, Any] = {
 }
 
 
+class ApiProgress(Progress):
+    """An event's :class:`~stopserve.trace.Progress` with its numbers in range."""
+
+    tests_passed: int | None = _OptCount
+    tests_failed: int | None = _OptCount
+    exit_code: int | None = Field(default=None, ge=-MAX_INT, le=MAX_INT)
+    files_changed: int | None = _OptCount
+
+
 class ApiEvent(Event):
     """A format-v1 event as the service takes it: ids and names capped, every number in range.
 
@@ -101,6 +111,7 @@ class ApiEvent(Event):
     value: float | None = _OptSigned
     channel: str | None = _OptName
     grade: float | None = _OptSigned
+    progress: ApiProgress | None = None
 
 
 class ApiBudget(Budget):

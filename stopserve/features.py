@@ -51,7 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stopserve.errors import Issue, TraceValidationError
-from stopserve.trace import EVENT_TYPES, TOPOLOGIES, Budget, Event
+from stopserve.trace import EVENT_TYPES, TOPOLOGIES, Budget, Event, Progress
 
 __all__ = [
     "ABSOLUTE_SCALE_FEATURES",
@@ -286,6 +286,9 @@ class RunState:
         "_last_ref",
         "_last_t",
         "_latest",
+        "_ledger_loop_run",
+        "_ledger_stall_run",
+        "_ledger_turns",
         "_max_agents",
         "_mono_agent",
         "_mono_ids",
@@ -430,6 +433,12 @@ class RunState:
         self._step_refs = False
         self._step_new = False
         self._quiet = 0
+        # orchestrator ledger (the progress helper's block): an orchestrator's own verdict, read from
+        # Event.progress made_progress / in_loop (Magentic-One's progress ledger), for the
+        # orchestrator_ledger rule (stopserve.safety)
+        self._ledger_turns = 0
+        self._ledger_loop_run = 0
+        self._ledger_stall_run = 0
 
     # ------------------------------------------------------------------ folding
 
@@ -524,6 +533,9 @@ class RunState:
         if agent not in agents and len(agents) < self._max_agents:
             agents.add(agent)
         self._active_window.append(agent)
+        prog = event.__dict__["progress"]
+        if prog is not None:
+            self._ledger(prog)
 
         new_result = False
         if ref is not None:
@@ -655,6 +667,19 @@ class RunState:
         self._tokens_last_turn = tokens - self._tokens_at_turn
         self._tokens_at_turn = tokens
         return True
+
+    def _ledger(self, prog: Progress) -> None:
+        """An orchestrator's own verdict on this event (orchestrator ledger block): count its turns in a row.
+
+        A ledger turn is an event whose progress carries ``in_loop`` or ``made_progress``. A stall
+        is what Magentic-One itself counts as one: progress not being made, or the team in a loop.
+        """
+        in_loop, made = prog.in_loop, prog.made_progress
+        if in_loop is None and made is None:
+            return
+        self._ledger_turns += 1
+        self._ledger_loop_run = self._ledger_loop_run + 1 if in_loop else 0
+        self._ledger_stall_run = self._ledger_stall_run + 1 if in_loop or made is False else 0
 
     def _reply(self, agent: str, ref: str | None, eid: str) -> None:
         """An agent's reply (a message, or a result that answers no action): count repeats per agent."""
@@ -924,6 +949,23 @@ class RunState:
         """Agent steps since the primary channel's best reward (``None`` before any reward)."""
         return None if self._best is None else self._turn - self._best_turn
 
+    # orchestrator ledger views (read by stopserve.safety's orchestrator_ledger rule)
+
+    @property
+    def ledger_turns(self) -> int:
+        """Events carrying an orchestrator's own verdict (``progress.in_loop`` / ``made_progress``)."""
+        return self._ledger_turns
+
+    @property
+    def ledger_loop_run(self) -> int:
+        """Ledger turns in a row, ending now, whose verdict was ``in_loop: true``."""
+        return self._ledger_loop_run
+
+    @property
+    def ledger_stall_run(self) -> int:
+        """Ledger turns in a row, ending now, that stalled: ``made_progress: false`` or ``in_loop: true``."""
+        return self._ledger_stall_run
+
     def latest_reward_on(self, channel: str | None = None) -> float | None:
         """Latest reward on ``channel`` (``None``: the primary channel)."""
         if channel is None:
@@ -1057,7 +1099,7 @@ _LOOP_RUN: Final[dict[str, Callable[[RunState], int]]] = {
 
 #: The header of :meth:`RunState.to_bytes`; a change of what a slot means bumps the version.
 STATE_FORMAT: Final = "stopserve.runstate"
-STATE_VERSION: Final = 2  # 2: a reward no longer counts as a turn
+STATE_VERSION: Final = 3  # 2: a reward no longer counts as a turn; 3: the orchestrator-ledger counters
 _STATE_SLOTS: Final[tuple[str, ...]] = RunState.__slots__
 
 

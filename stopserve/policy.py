@@ -7,14 +7,15 @@ order, and both read a learned model's part of it from one :class:`Deviation`:
 
 1. **Nets** (the budgets of the :class:`~stopserve.safety.SafetyConfig` in force, and the
    run's own budget) fire first and always win.
-2. **Rules**: the config's loop detector and ``quality_met`` (the quality target), the
+2. **Rules**: the config's loop detector, the orchestrator's own verdict (its progress
+   ledger, a rule of kind ``loop``) and ``quality_met`` (the quality target), the
    policy's **base rule** (a tuned heuristic: turn cap, cost cap, reward threshold,
    stated as a ``SafetyConfig``) and a proposed stop from the orchestrator (unless the policy
    refuses proposals) say stop. A learned model overrules a rule whose kind its manifest
    lists in ``overrules`` (``loop``, ``quality_met``, ``rule``, ``proposed``) where it
    expects continuing to pay by more than the ``continue`` margin. Before the config's
-   ``min_turns`` (the manifest's ``gates.veto_min_turns``) only budgets and the loop
-   detector may stop a run.
+   ``min_turns`` (the manifest's ``gates.veto_min_turns``) only budgets and the loop rules
+   (the detector, the ledger) may stop a run.
 3. **The model** stops a run no rule stops where the value of continuing is below minus
    the ``stop`` margin (from ``gates.model_min_turns`` on; for a model whose manifest says
    ``"stop_on": "evidence"``, only where the run itself shows a stall:
@@ -561,7 +562,8 @@ class Policy:
         fired: list[tuple[str, SafetyStop | None, str]] = []
         by_config = cfg.check_rules(state)
         if by_config is not None:
-            kind = "loop" if by_config.reason == "loop_detected" else "quality_met"
+            # the loop detector and the orchestrator's own loop verdict (its ledger) are one kind
+            kind = "quality_met" if by_config.reason == "quality_met" else "loop"
             fired.append((kind, by_config, by_config.name))
         allowed = cfg.allows_stop(state)
         if allowed:

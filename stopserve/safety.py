@@ -8,8 +8,10 @@ Two kinds, by how they relate to a learned model:
   enforced as if its caps were ``max_*`` keys here. The defaults are generous
   (:data:`DEFAULT_MAX_TURNS` agent steps, :data:`DEFAULT_MAX_SECONDS` seconds: no
   productive run in our real corpora comes near them) so that no run is ever unbounded.
-* **Rules** are the loop detector (``loop_detected`` with the pattern) and ``quality_met``
-  (the latest reward on a channel reached the quality target). On by default for every
+* **Rules** are the loop detector (``loop_detected`` with the pattern), the orchestrator's own
+  verdict (``orchestrator_ledger``: its progress ledger says it is in a loop, or not making
+  progress, several turns in a row; :class:`LedgerConfig`) and ``quality_met`` (the latest
+  reward on a channel reached the quality target). On by default for every
   policy; a learned model whose manifest says so (``overrules``) may overrule them where
   its value of going on clears its continue margin (``stopserve.policy``).
 
@@ -28,11 +30,12 @@ True
 
 :data:`DEFAULT_SAFETY` (``SafetyConfig()``) is the one default, used by the service, the
 client's local fallback and every integration when nothing else is given: the generous
-budgets, the loop detector on with the thresholds tuned on real runs (``docs/safety.md``),
+budgets, the loop detector on with the thresholds tuned on real runs (``docs/safety.md``), the
+orchestrator-ledger rule on (in a loop 3 ledger turns in a row, stalled 4),
 ``quality_met`` at 1.0 on the ``quality`` channel (a run whose quality reward reaches the
 top of the format's [0, 1] scale is done; below 1.0 no reward stops a run unless a quality
 target is given), ``min_turns`` 1. Turning one off takes an explicit config
-(``{"loop": false}``, ``{"quality_met": null}``, ``{"max_seconds": null}``).
+(``{"loop": false}``, ``{"ledger": false}``, ``{"quality_met": null}``, ``{"max_seconds": null}``).
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ __all__ = [
     "DEFAULT_MAX_SECONDS",
     "DEFAULT_MAX_TURNS",
     "DEFAULT_SAFETY",
+    "LEDGER_RULE",
+    "LedgerConfig",
     "LoopConfig",
     "SafetyConfig",
     "SafetyStop",
@@ -211,6 +216,79 @@ class LoopConfig(BaseModel):
         return None
 
 
+#: The name a stop by :class:`LedgerConfig` carries (``safety_net`` in the answer).
+LEDGER_RULE: Final = "orchestrator_ledger"
+
+
+class LedgerConfig(BaseModel):
+    """The orchestrator's own verdict as a rule: stop a run its orchestrator says is stuck, turn after turn.
+
+    Reads what an orchestrator reports about its own run, each turn (``Event.progress``
+    ``in_loop`` / ``made_progress``: Magentic-One's progress ledger, through the AutoGen
+    integration), never the content:
+
+    * ``in_loop``: the orchestrator said ``in_loop: true`` this many ledger turns in a row
+      (stop: ``loop_detected``, pattern ``in_loop``);
+    * ``stalled``: it said it stalled (``made_progress: false`` or ``in_loop: true``, what
+      Magentic-One itself counts as a stall) this many ledger turns in a row (stop:
+      ``no_progress``, pattern ``stalled``).
+
+    A turn the orchestrator says progresses starts the count again: a run its ledger says is
+    getting somewhere is never stopped by this rule. 0 (or ``null``) turns one off;
+    ``"ledger": false`` (or ``null``) in a config turns the rule off. Runs whose events carry
+    no verdict are untouched.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    # is_in_loop three times in a row marks ~30% of failed Magentic-One runs' cost (issue 37);
+    # a stall (no progress, or a loop) a fourth time: Magentic-One re-plans at its third (max_stalls
+    # 3), so the fourth is the re-plan not helping
+    in_loop: int = Field(default=3, ge=0)
+    stalled: int = Field(default=4, ge=0)
+
+    @field_validator("in_loop", "stalled", mode="before")
+    @classmethod
+    def _null_is_off(cls, value: Any) -> Any:
+        return 0 if value is None else value
+
+    @field_validator("in_loop", "stalled")
+    @classmethod
+    def _at_least_two(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("a threshold must be 0 (off) or at least 2: one verdict is no streak")
+        return value
+
+    def check(self, state: RunState) -> SafetyStop | None:
+        """The orchestrator's verdict that ends the run now, or ``None``."""
+        if not self.enabled or not state.ledger_turns:
+            return None
+        run = state.ledger_loop_run
+        if self.in_loop and run >= self.in_loop:
+            return SafetyStop(
+                name=LEDGER_RULE,
+                reason="loop_detected",
+                pattern="in_loop",
+                message=(
+                    f"the orchestrator's own progress ledger: in a loop {run} ledger turns in a row "
+                    f"(is_in_loop: true; threshold {self.in_loop})"
+                ),
+            )
+        run = state.ledger_stall_run
+        if self.stalled and run >= self.stalled:
+            return SafetyStop(
+                name=LEDGER_RULE,
+                reason="no_progress",
+                pattern="stalled",
+                message=(
+                    f"the orchestrator's own progress ledger: no progress {run} ledger turns in a row "
+                    f"(is_progress_being_made: false or is_in_loop: true; threshold {self.stalled})"
+                ),
+            )
+        return None
+
+
 _BUDGETS: tuple[tuple[str, Limit], ...] = (
     ("max_turns", "turns"),
     ("max_seconds", "seconds"),
@@ -252,15 +330,18 @@ class SafetyConfig(BaseModel):
     quality_met: float | None = 1.0
     quality_channel: str | None = "quality"
     loop: LoopConfig = Field(default_factory=LoopConfig)
+    ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     any: list[SafetyConfig] | None = None
     all: list[SafetyConfig] | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _loop_switch(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "loop" in data and data["loop"] in (None, False, True):
-            data = dict(data)
-            data["loop"] = {"enabled": bool(data["loop"])}
+        if isinstance(data, dict):
+            for key in ("loop", "ledger"):
+                if key in data and data[key] in (None, False, True):
+                    data = dict(data)
+                    data[key] = {"enabled": bool(data[key])}
         return data
 
     # ------------------------------------------------------------------ composing
@@ -340,7 +421,7 @@ class SafetyConfig(BaseModel):
                 if _used(state, limit) >= cap:
                     return self._budget_stop(state, key, limit, cap, "the safety config")
         if kinds & _RULES_ONLY:
-            fired = self.loop.check(state)
+            fired = self.loop.check(state) or self.ledger.check(state)
             if fired is not None:
                 return fired
             if allowed and self.quality_met is not None:
@@ -459,6 +540,10 @@ class SafetyConfig(BaseModel):
             off += [f"loop.{p}" for p in LOOP_PATTERNS if getattr(default, p) and not getattr(self.loop, p)]
         if self.quality_met is None:
             off.append("quality_met")
+        if not self.ledger.enabled:
+            off.append("ledger")
+        else:
+            off += [f"ledger.{k}" for k in ("in_loop", "stalled") if not getattr(self.ledger, k)]
         return off
 
     def tightened_by(self, extra: SafetyConfig | None) -> SafetyConfig:
@@ -489,13 +574,16 @@ _EMPTY_NODE: Final[dict[str, Any]] = {
     "min_turns": 0,
     "quality_met": None,
     "loop": False,
+    "ledger": False,
 }
 #: What :meth:`SafetyConfig._check` looks for: nets (budgets), rules, or both.
 _NETS: Final = 1
 _RULES_ONLY: Final = 2
 _RULES: Final = _NETS | _RULES_ONLY
 
-_UNION_TAGS = frozenset({"int", "float", "bool", "str", "list[SafetyConfig]", "LoopConfig", "SafetyConfig"})
+_UNION_TAGS = frozenset(
+    {"int", "float", "bool", "str", "list[SafetyConfig]", "LoopConfig", "LedgerConfig", "SafetyConfig"}
+)
 
 
 #: The one default set of safety nets (see the module docstring and docs/safety.md).

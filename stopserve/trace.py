@@ -25,7 +25,7 @@ import logging
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Final, Literal, get_args
@@ -47,6 +47,7 @@ __all__ = [
     "Decision",
     "Edge",
     "Event",
+    "Progress",
     "Record",
     "Stop",
     "Trace",
@@ -101,6 +102,9 @@ DECISION_POINT_TYPES: Final = frozenset({"return", "aggregate", "reward"})
 
 #: Bytes one JSON Lines line or one ``.json`` file may hold; bounds memory per trace.
 DEFAULT_MAX_TRACE_BYTES: Final = 64 * 1024 * 1024
+
+#: Characters of a progress signature or source name.
+MAX_PROGRESS_CHARS: Final = 128
 
 _NEEDS_VALUE: Final = "a reward event must carry 'value'"
 _NEEDS_REASON: Final = "a stop event must carry 'reason'"
@@ -159,6 +163,43 @@ class Edge(_Model):
     type: EdgeType
 
 
+# --------------------------------------------------------------------------- progress
+# The optional `progress` object of an event (docs/trace-format.md, Progress): what the step's
+# text showed, read where the text is (stopserve.signals.progress), never the text itself.
+# Its keys are stopserve.signals.progress.FIELDS (a test keeps the two equal).
+
+
+class Progress(BaseModel):
+    """What a step showed about the run's progress; every field optional, unknown fields an error.
+
+    >>> Progress.model_validate({"tests_passed": 5, "tests_failed": 2, "source": "pytest"}).tests_failed
+    2
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    #: a test runner's summary: tests that passed
+    tests_passed: int | None = Field(default=None, ge=0)
+    #: ... that failed or errored
+    tests_failed: int | None = Field(default=None, ge=0)
+    #: the command's exit status, where known
+    exit_code: int | None = None
+    #: a short normalised signature of the error seen (equal errors, equal signatures)
+    error: str | None = Field(default=None, min_length=1, max_length=MAX_PROGRESS_CHARS)
+    #: files the step created or modified, where known
+    files_changed: int | None = Field(default=None, ge=0)
+    #: the orchestrator's own verdict: progress is being made (Magentic-One's ledger)
+    made_progress: bool | None = None
+    #: the orchestrator's own verdict: the team is in a loop (Magentic-One's ledger)
+    in_loop: bool | None = None
+    #: which extractor filled it: "pytest", "jest", "go", "exit_code", "magentic_one", ...
+    source: str | None = Field(default=None, min_length=1, max_length=MAX_PROGRESS_CHARS)
+
+    _whole = field_validator("tests_passed", "tests_failed", "exit_code", "files_changed", mode="before")(
+        _whole_number
+    )
+
+
 class Event(_Model):
     """One atomic event. Unknown extra fields are kept (the survey allows them)."""
 
@@ -184,6 +225,8 @@ class Event(_Model):
     #: offline label: the true quality change this event caused (a simulator knows it); never a feature
     contribution: float | None = Field(default=None, allow_inf_nan=False)
     decision: Decision | None = None
+    #: what the step showed about progress (test counts, exit code, error signature, a ledger)
+    progress: Progress | None = None
 
     _whole = field_validator("tokens", mode="before")(_whole_number)
 
@@ -285,6 +328,7 @@ def is_decision_point(event: Event) -> bool:
 
 _TRACE_FIELDS: Final = frozenset(Trace.model_fields) | {"format"}
 _EVENT_FIELDS: Final = (frozenset(Event.model_fields) - {"from_"}) | {"from"}
+_PROGRESS_FIELDS: Final = frozenset(Progress.model_fields)
 
 
 def _suggest(key: str, known: frozenset[str]) -> str | None:
@@ -310,6 +354,17 @@ def _typos(data: dict[str, Any]) -> list[tuple[str, str, str]]:
             if key not in _EVENT_FIELDS and (near := _suggest(key, _EVENT_FIELDS)):
                 out.append((f"events[{i}].{key}", key, near))
     return out
+
+
+def _hint_progress_typo(issue: Issue) -> Issue:
+    """An unknown ``progress`` key (an error: the object is closed) names the key it likely misspells."""
+    head, _, key = (issue.path or "").rpartition(".")
+    if issue.message == "unknown field" and head.endswith(".progress"):
+        near = _suggest(key, _PROGRESS_FIELDS)
+        known = ", ".join(sorted(_PROGRESS_FIELDS))
+        hint = f"did you mean {near!r}?" if near else f"progress holds only {known}"
+        return replace(issue, message=f"unknown field ({hint})")
+    return issue
 
 
 def _semantic_issues(data: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -385,7 +440,10 @@ def check_trace(
             for err in exc.errors()
             if str(err.get("msg", "")).removeprefix("Value error, ") not in (_NEEDS_VALUE, _NEEDS_REASON)
         ]
-        issues += pydantic_issues(errs, file=file, line=line, trace_id=trace_id)
+        issues += [
+            _hint_progress_typo(issue)
+            for issue in pydantic_issues(errs, file=file, line=line, trace_id=trace_id)
+        ]
     for path, message in _semantic_issues(data):
         issues.append(Issue(message, file=file, line=line, trace_id=trace_id, path=path))
     typos = {path: near for path, _, near in _typos(data)}

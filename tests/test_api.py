@@ -42,6 +42,13 @@ def test_wire_names_and_defaults() -> None:
         ({"events": [{**EVENT, "tokens": MAX_INT + 1}]}, "events[0].tokens"),
         ({"events": [{**EVENT, "sketch": "mh1:" + "f" * 129}]}, "events[0].sketch"),
         ({"events": [{**EVENT, "t": -1}]}, "events[0].t"),
+        (
+            {"events": [{**EVENT, "progress": {"tests_passed": MAX_INT + 1}}]},
+            "events[0].progress.tests_passed",
+        ),
+        ({"events": [{**EVENT, "progress": {"exit_code": -MAX_INT - 1}}]}, "events[0].progress.exit_code"),
+        ({"events": [{**EVENT, "progress": {"error": "x" * 129}}]}, "events[0].progress.error"),
+        ({"events": [{**EVENT, "progress": {"loop": True}}]}, "events[0].progress.loop"),
         ({"lambda": -0.1}, "lambda"),
         ({"cost_share": 101}, "cost_share"),
         ({"budget": {"max_turns": -1}}, "budget.max_turns"),

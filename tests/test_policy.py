@@ -375,3 +375,26 @@ def test_budgets_always_win_even_over_a_model_that_overrules_every_rule(learned:
     many = _looping_state(DEFAULT_MAX_TURNS)  # the default turn limit bounds every run
     d = policy.decide(many, objective=Objective(lam=0.0))
     assert d.action == "stop" and d.safety_net == "max_turns"
+
+
+def test_the_default_model_does_not_overrule_the_orchestrators_own_loop_verdict() -> None:
+    from stopserve.settings import default_model_dir
+    from stopserve.trace import Event
+
+    model_dir = default_model_dir()
+    if model_dir is None:
+        pytest.skip("no shipped default model")
+    policy = Policy.load(model_dir)
+    stuck, going = RunState(), RunState()
+    for i in range(3):
+        for state, progress in ((stuck, {"made_progress": False, "in_loop": True}), (going, None)):
+            state.fold(Event(id=f"d{i}", t=2.0 * i, type="delegate", agent="orchestrator", to="surfer"))
+            state.fold(
+                Event.model_validate(
+                    {"id": f"r{i}", "t": 2.0 * i + 1, "type": "return", "agent": "s", "progress": progress}
+                )
+            )
+    d = policy.decide(stuck)
+    assert d.action == "stop" and d.safety_net == "orchestrator_ledger" and d.reason == "loop_detected"
+    assert d.pattern == "in_loop" and "is_in_loop" in (d.message or "")
+    assert policy.decide(going).safety_net != "orchestrator_ledger"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from stopserve.errors import ConfigError
 from stopserve.features import LOOP_PATTERNS, RunState
-from stopserve.safety import LoopConfig, SafetyConfig, SafetyStop
+from stopserve.safety import DEFAULT_SAFETY, LedgerConfig, LoopConfig, SafetyConfig, SafetyStop
 from stopserve.trace import Budget, Event, Trace
 
 #: The detector's mechanics are tested at OpenHands' thresholds (and ours for the two patterns
@@ -260,6 +260,7 @@ _leaf = st.builds(
     quality_met=st.one_of(st.none(), st.floats(0, 1)),
     min_turns=st.integers(0, 5),
     loop=st.builds(LoopConfig, enabled=st.booleans(), monologue=st.sampled_from([0, 2, 3, 9])),
+    ledger=st.builds(LedgerConfig, enabled=st.booleans(), in_loop=st.sampled_from([0, 2, 3, 9])),
 )
 _configs = st.recursive(
     _leaf,
@@ -282,6 +283,8 @@ def test_json_round_trip(cfg: SafetyConfig) -> None:
         ('{"loop": {"alternating_actions": 3}}', "loop.alternating_actions"),
         ('{"any": [{"max_tokens": "lots"}]}', "any[0].max_tokens"),
         ('{"all": [{}, {"min_turns": -2}]}', "all[1].min_turns"),
+        ('{"ledger": {"in_loop": 1}}', "ledger.in_loop"),
+        ('{"ledger": {"stuck": 3}}', "ledger.stuck"),
         ('{"quality_met": NaN}', None),
     ],
 )
@@ -483,3 +486,97 @@ def test_the_defaults_fire_at_six_and_stop_every_scripted_loop_within_8_steps() 
                 fired_at = i
                 break
         assert fired_at == 6, (failing, fired_at)
+
+
+# ---------------------------------------------------------------- the orchestrator's own verdict
+
+
+def ledger_turns(state: RunState, verdicts: list[tuple[bool | None, bool | None]], start: int = 0) -> int:
+    """Fold (made_progress, in_loop) ledger turns, each on the reply it judges; return the next index."""
+    i = start
+    for made, in_loop in verdicts:
+        progress = {k: v for k, v in (("made_progress", made), ("in_loop", in_loop)) if v is not None}
+        state.fold(ev(i, "delegate", agent="orchestrator", to="surfer", content_ref=f"instruction {i}"))
+        state.fold(ev(i + 1, "return", agent="surfer", content_ref=f"page {i}", progress=progress or None))
+        i += 2
+    return i
+
+
+def test_a_run_its_orchestrator_says_is_in_a_loop_stops_at_the_third_verdict() -> None:
+    state = RunState()
+    i = ledger_turns(state, [(False, True), (False, True)])
+    assert DEFAULT_SAFETY.check(state) is None
+    ledger_turns(state, [(False, True)], start=i)
+    fired = DEFAULT_SAFETY.check(state)
+    assert fired is not None and fired.name == "orchestrator_ledger" and fired.kind == "rule"
+    assert (fired.reason, fired.pattern) == ("loop_detected", "in_loop")
+    assert "orchestrator's own progress ledger" in fired.message and "is_in_loop: true" in fired.message
+
+
+def test_no_progress_four_verdicts_in_a_row_stops_with_no_progress() -> None:
+    state = RunState()
+    i = ledger_turns(state, [(False, False)] * 3)
+    assert DEFAULT_SAFETY.check(state) is None  # Magentic-One re-plans at its third stall: give it that
+    ledger_turns(state, [(False, False)], start=i)
+    fired = DEFAULT_SAFETY.check(state)
+    assert fired is not None and (fired.reason, fired.pattern) == ("no_progress", "stalled")
+    assert "is_progress_being_made: false" in fired.message
+
+
+def test_a_run_its_ledger_says_progresses_is_never_stopped_by_it() -> None:
+    state = RunState()
+    ledger_turns(state, [(True, False)] * 40)
+    assert DEFAULT_SAFETY.check(state) is None
+    # stalls that do not come in a row: each verdict of progress starts the count again
+    mixed = RunState()
+    i = 0
+    for _ in range(10):
+        i = ledger_turns(mixed, [(False, True), (False, True), (True, False)], start=i)
+        assert DEFAULT_SAFETY.check(mixed) is None
+    assert mixed.ledger_turns == 30 and mixed.ledger_loop_run == 0
+
+
+def test_events_without_a_verdict_leave_the_counts_alone() -> None:
+    state = RunState()
+    i = ledger_turns(state, [(False, True), (False, True)])
+    # tool results with other progress signals, and no ledger, between two verdicts
+    state.fold(ev(i, "tool_use", tool="bash", content_ref="pytest"))
+    state.fold(ev(i + 1, "return", content_ref="out", progress={"tests_failed": 2, "source": "pytest"}))
+    assert (state.ledger_turns, state.ledger_loop_run, state.ledger_stall_run) == (2, 2, 2)
+    ledger_turns(state, [(None, True)], start=i + 2)  # a ledger that states only the loop verdict
+    assert DEFAULT_SAFETY.check(state) is not None
+    plain = RunState()
+    steps(plain, [("a", "b", False)] * 3)  # a run with no orchestrator verdict at all
+    assert plain.ledger_turns == 0 and DEFAULT_SAFETY.check(plain) is None
+
+
+def test_the_ledger_rule_is_configurable_and_can_be_off() -> None:
+    state = RunState()
+    ledger_turns(state, [(False, True)] * 5)
+    assert SafetyConfig.loads('{"ledger": false}').check(state) is None
+    assert SafetyConfig.loads('{"ledger": {"in_loop": 0, "stalled": 0}}').check(state) is None
+    only_stalls = SafetyConfig.loads('{"ledger": {"in_loop": 0}}').check(state)
+    assert only_stalls is not None and only_stalls.pattern == "stalled"
+    later = SafetyConfig.loads('{"ledger": {"in_loop": 6, "stalled": 6}}')
+    assert later.check(state) is None
+    assert SafetyConfig.loads('{"ledger": false}').switched_off() == ["ledger"]
+    assert SafetyConfig.loads('{"ledger": {"stalled": 0}}').switched_off() == ["ledger.stalled"]
+    assert DEFAULT_SAFETY.switched_off() == []
+    assert SafetyConfig.loads(SafetyConfig.loads('{"ledger": null}').dumps()).ledger.enabled is False
+    # composed: a node built by | keeps each part's rule
+    assert (SafetyConfig(max_turns=100) | SafetyConfig(max_usd=1.0)).check(state) is not None
+
+
+def test_the_ledger_stops_a_replayed_trace_where_it_would_have_live() -> None:
+    verdicts = [(True, False), (False, True), (False, True), (False, True), (True, False)]
+    events: list[dict[str, Any]] = []
+    for k, (made, in_loop) in enumerate(verdicts):
+        events.append({"id": f"d{k}", "t": 2.0 * k, "type": "delegate", "agent": "orchestrator"})
+        progress = {"made_progress": made, "in_loop": in_loop, "source": "magentic_one"}
+        reply = {"id": f"r{k}", "t": 2.0 * k + 1, "type": "return", "agent": "surfer"}
+        events.append({**reply, "progress": progress})
+    trace = Trace.model_validate({"trace_id": "m1", "task_id": "t", "events": events})
+    first = DEFAULT_SAFETY.first_stop(trace)
+    assert first is not None
+    turn, index, fired = first
+    assert (turn, index, fired.name, fired.pattern) == (4, 7, "orchestrator_ledger", "in_loop")

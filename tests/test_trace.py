@@ -13,6 +13,7 @@ import pytest
 from stopserve.errors import TraceFormatError, TraceValidationError
 from stopserve.trace import (
     Event,
+    Progress,
     Trace,
     TraceWriter,
     check_trace,
@@ -158,6 +159,58 @@ def test_a_sketch_is_checked_like_every_field(tmp_path: Path) -> None:
     assert back.events[0].sketch == data["events"][0]["sketch"] and back.events[1].sketch is None
     # a reader that does not know the field keeps it as an extra (format v1 allows extra fields)
     assert json.loads(path.read_text())["events"][0]["sketch"] == data["events"][0]["sketch"]
+
+
+def test_progress_is_optional_closed_and_checked_field_by_field() -> None:
+    data = _trace()
+    assert check_trace(data)[0].events[0].progress is None  # type: ignore[union-attr]
+    data["events"][0]["progress"] = {
+        "tests_passed": 5,
+        "tests_failed": 2.0,
+        "exit_code": -1,
+        "source": "pytest",
+    }
+    data["events"][1]["progress"] = {"made_progress": False, "in_loop": True, "source": "magentic_one"}
+    trace, issues = check_trace(data)
+    assert issues == [] and trace is not None
+    assert trace.events[0].dump()["progress"] == {
+        "tests_passed": 5,
+        "tests_failed": 2,
+        "exit_code": -1,
+        "source": "pytest",
+    }
+    assert trace.events[1].progress is not None and trace.events[1].progress.in_loop is True
+    data["events"][0]["progress"] = {
+        "tests_pased": 3,
+        "tests_failed": -1,
+        "exit_code": True,
+        "error": "",
+        "files_changed": "2",
+        "in_loop": "yes",
+        "ledger": 1,
+    }
+    data["events"][1]["progress"] = "5 passed"
+    msgs = _messages(data, file="runs.jsonl", line=7)
+    where = "runs.jsonl:7: trace 'r1': events[0].progress"
+    expected = [
+        f"{where}.tests_pased: unknown field (did you mean 'tests_passed'?)",
+        f"{where}.tests_failed: Input should be greater than or equal to 0",
+        f"{where}.exit_code: Input should be a valid integer",
+        f"{where}.error: String should have at least 1 character",
+        f"{where}.files_changed: Input should be a valid integer",
+        f"{where}.in_loop: Input should be a valid boolean",
+        f"{where}.ledger: unknown field (progress holds only error, exit_code, files_changed, in_loop,",
+        "runs.jsonl:7: trace 'r1': events[1].progress: Input should be a valid dictionary",
+    ]
+    for prefix in expected:
+        assert any(m.startswith(prefix) for m in msgs), (prefix, msgs)
+    assert len(msgs) == len(expected)
+
+
+def test_progress_fields_are_the_extractors_fields() -> None:
+    from stopserve.signals import progress as signals
+
+    assert tuple(Progress.model_fields) == signals.FIELDS
 
 
 def test_required_fields_and_stop_reason() -> None:

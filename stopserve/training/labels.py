@@ -502,7 +502,7 @@ def decision_part(
             latest = state.latest_reward
             cols.latest_reward.append(math.nan if latest is None else float(latest))
             allowed = nets.allows_stop(state)
-            cols.loop.append(nets.loop.check(state) is not None)
+            cols.loop.append(nets.loop.check(state) is not None or nets.ledger.check(state) is not None)
             cols.quality.append(allowed and _quality_met(nets, state))
             cols.stall.append(stall(state, evidence) is not None)
             proposed = ev.type == "stop" and bool(ev.proposed)

@@ -131,6 +131,16 @@ def test_sketches_are_taken_kept_in_the_trace_and_a_bad_one_named(client: TestCl
     assert [e.sketch for e in trace.events] == [wire]
 
 
+def test_progress_is_taken_and_logged_with_its_event(client: TestClient, tmp_path: Path) -> None:
+    events = turn_events(0)
+    events[1]["progress"] = {"tests_passed": 3, "tests_failed": 1, "exit_code": 1, "source": "pytest"}
+    assert client.post("/v1/runs/p/decide", json={"events": events}).status_code == 200
+    assert client.post("/v1/runs/p/outcome", json={"rewards": {"team": 0.0}}).status_code == 200
+    (trace,) = read_traces(tmp_path / "logs" / "traces.jsonl")
+    assert trace.events[1].dump()["progress"] == events[1]["progress"]
+    assert trace.events[0].progress is None
+
+
 def test_outcome_of_unknown_run_and_empty_run(client: TestClient) -> None:
     r = client.post("/v1/runs/nope/outcome", json={"rewards": {"team": 0}})
     assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
@@ -158,6 +168,9 @@ def test_bad_requests_name_the_field(client: TestClient) -> None:
         ({"events": [], "budget": {"max_turns": "many"}}, "body.budget.max_turns"),
         ({"events": [], "surprise": 1}, "body.surprise"),
         ({"events": [{"id": "a", "t": 0, "type": "reward", "agent": "x"}]}, "body.events[0]"),
+        ({"events": [ev(0, progress={"tests_failed": -2})]}, "body.events[0].progress.tests_failed"),
+        ({"events": [ev(0, progress={"in_loop": "maybe"})]}, "body.events[0].progress.in_loop"),
+        ({"events": [ev(0, progress={"stuck": True})]}, "body.events[0].progress.stuck"),
     ]
     for body, field in cases:
         r = client.post("/v1/runs/r/decide", json=body)

@@ -24,13 +24,27 @@ agent events (thoughts, streaming chunks, speaker selection) carry no action and
 are skipped. ``replies_as_turns=False`` maps replies to ``communicate`` and
 handoffs to a bare ``delegate``: then only tool and code results are turns (the
 mapping of earlier stopserve releases).
+
+Magentic-One: its orchestrator asks its model for a *progress ledger* every round
+(``is_progress_being_made``, ``is_in_loop``) and shows it to no one but its trace log.
+Give the orchestrator its model client through :meth:`StopServeTermination.read_ledger`
+and each ledger is a decision point: the orchestrator's ``aggregate`` event carrying
+``progress`` (``made_progress`` / ``in_loop``; never the reasons). The default
+``orchestrator_ledger`` rule (docs/safety.md) stops a run whose orchestrator says it is
+in a loop three ledger turns in a row; Magentic-One is then told the request is done,
+with stopserve's reason, and writes its final answer (:class:`LedgerReader`)::
+
+    stop = StopServeTermination(url) | MaxMessageTermination(50)
+    team = MagenticOneGroupChat([surfer, coder], model_client=stop.read_ledger(client),
+                                termination_condition=stop)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any, Final
 
+import orjson
 from pydantic import BaseModel
 
 from stopserve.api import DecideResponse, OutcomeResponse
@@ -46,6 +60,7 @@ from stopserve.integrations._common import (
     stop_text,
 )
 from stopserve.objective import Objective
+from stopserve.signals.progress import Progress, ledger_text
 from stopserve.trace import Event, Stop, Topology
 
 try:
@@ -61,13 +76,23 @@ try:
         ToolCallRequestEvent,
         ToolCallSummaryMessage,
     )
-    from autogen_core import Component
+    from autogen_core import CancellationToken, Component
+    from autogen_core.models import ChatCompletionClient, CreateResult, LLMMessage, ModelInfo, RequestUsage
+    from autogen_core.tools import Tool, ToolSchema
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("stopserve.integrations.autogen", "autogen-agentchat", exc) from exc
 
-__all__ = ["StopServeTermination", "StopServeTerminationConfig", "events_from_messages", "stop_text"]
+__all__ = [
+    "LedgerReader",
+    "StopServeTermination",
+    "StopServeTerminationConfig",
+    "events_from_messages",
+    "stop_text",
+]
 
 SOURCE = "StopServeTermination"
+#: The agent name of the events that carry an orchestrator's progress ledger.
+ORCHESTRATOR: Final = "MagenticOneOrchestrator"
 
 
 class StopServeTerminationConfig(BaseModel):
@@ -177,6 +202,123 @@ def events_from_messages(
     return [Event.model_validate(e) for e in out]
 
 
+class LedgerReader(ChatCompletionClient):
+    """A Magentic-One orchestrator's model client that asks stopserve at each progress ledger.
+
+    Every call goes to the wrapped client. An answer that holds a progress ledger
+    (:func:`stopserve.signals.progress.ledger_text`) is an orchestrator's step: its verdict
+    (``made_progress`` / ``in_loop``, never the text) goes to the service as the
+    orchestrator's ``aggregate`` event, and when the service says stop, the orchestrator is
+    answered that the request is satisfied, with stopserve's reason: Magentic-One then
+    writes its final answer from what the team has (stopserve's *finalize*) and ends the
+    run with that reason, instead of another round or another re-plan. Made by
+    :meth:`StopServeTermination.read_ledger`.
+    """
+
+    def __init__(self, client: ChatCompletionClient, termination: StopServeTermination) -> None:
+        self.client = client
+        self._termination = termination
+
+    async def _read(self, result: CreateResult) -> CreateResult:
+        if not isinstance(result.content, str):
+            return result
+        verdict = ledger_text(result.content)
+        if verdict is None:
+            return result
+        decision = await self._termination.ledger_turn(verdict)
+        if decision is None or decision.action != "stop":
+            return result
+        return result.model_copy(update={"content": _satisfied(stop_text(decision))})
+
+    async def create(
+        self,
+        messages: Sequence[LLMMessage],
+        *,
+        tools: Sequence[Tool | ToolSchema] = (),
+        tool_choice: Any = "auto",
+        json_output: Any = None,
+        extra_create_args: Mapping[str, Any] | None = None,
+        cancellation_token: CancellationToken | None = None,
+    ) -> CreateResult:
+        """The wrapped client's answer (a ledger in it is read)."""
+        result = await self.client.create(
+            messages,
+            tools=tools,
+            tool_choice=tool_choice,
+            json_output=json_output,
+            extra_create_args=extra_create_args or {},
+            cancellation_token=cancellation_token,
+        )
+        return await self._read(result)
+
+    async def create_stream(
+        self,
+        messages: Sequence[LLMMessage],
+        *,
+        tools: Sequence[Tool | ToolSchema] = (),
+        tool_choice: Any = "auto",
+        json_output: Any = None,
+        extra_create_args: Mapping[str, Any] | None = None,
+        cancellation_token: CancellationToken | None = None,
+    ) -> AsyncGenerator[str | CreateResult, None]:
+        """The wrapped client's stream (its final result is read)."""
+        async for chunk in self.client.create_stream(
+            messages,
+            tools=tools,
+            tool_choice=tool_choice,
+            json_output=json_output,
+            extra_create_args=extra_create_args or {},
+            cancellation_token=cancellation_token,
+        ):
+            yield await self._read(chunk) if isinstance(chunk, CreateResult) else chunk
+
+    async def close(self) -> None:
+        """Close the wrapped client."""
+        await self.client.close()
+
+    def actual_usage(self) -> RequestUsage:
+        """The wrapped client's."""
+        return self.client.actual_usage()
+
+    def total_usage(self) -> RequestUsage:
+        """The wrapped client's."""
+        return self.client.total_usage()
+
+    def count_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = ()) -> int:
+        """The wrapped client's."""
+        return self.client.count_tokens(messages, tools=tools)
+
+    def remaining_tokens(
+        self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = ()
+    ) -> int:
+        """The wrapped client's."""
+        return self.client.remaining_tokens(messages, tools=tools)
+
+    @property
+    def capabilities(self) -> Any:
+        """The wrapped client's (deprecated in AutoGen: ``model_info``)."""
+        return self.client.model_info
+
+    @property
+    def model_info(self) -> ModelInfo:
+        """The wrapped client's."""
+        return self.client.model_info
+
+
+def _satisfied(reason: str) -> str:
+    """A progress ledger that ends a Magentic-One run: the request satisfied, for ``reason``."""
+    blank = {"reason": "", "answer": ""}
+    return orjson.dumps(
+        {
+            "is_request_satisfied": {"reason": reason, "answer": True},
+            "is_progress_being_made": {"reason": "", "answer": False},
+            "is_in_loop": {"reason": "", "answer": False},
+            "instruction_or_question": blank,
+            "next_speaker": blank,
+        }
+    ).decode()
+
+
 class StopServeTermination(TerminationCondition, Component[StopServeTerminationConfig]):
     """Terminate an AutoGen team when the stopserve service says stop.
 
@@ -240,6 +382,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         self._outbox = Outbox()
         self.last_run_id: str | None = None
         self.last_decision: DecideResponse | None = None
+        self._n_ledgers = 0  # progress ledgers read in this run (LedgerReader)
 
     @property
     def terminated(self) -> bool:
@@ -254,13 +397,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
     async def __call__(self, messages: Sequence[BaseAgentEvent | BaseChatMessage]) -> StopMessage | None:
         if self._terminated:
             raise TerminatedException("Termination condition has already been reached")
-        if self._run_id is None:
-            self._run_id = new_run_id(self._config.run_prefix)
-            self._clock = RunClock()
-            self._outbox = Outbox()
-            self.last_decision = None
-        run_id = self._run_id
-        self.last_run_id = run_id
+        run_id = self._start()
         config = self._config
         events = events_from_messages(
             messages, self._clock, replies_as_turns=config.replies_as_turns, sketch=config.sketch
@@ -277,10 +414,57 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         self._terminated = True
         return StopMessage(content=stop_text(decision), source=SOURCE)
 
+    def _start(self) -> str:
+        """The id of the run in progress, a new run's when there is none."""
+        if self._run_id is None:
+            self._run_id = new_run_id(self._config.run_prefix)
+            self._clock = RunClock()
+            self._outbox = Outbox()
+            self.last_decision = None
+            self._n_ledgers = 0
+        self.last_run_id = self._run_id
+        return self._run_id
+
     async def reset(self) -> None:
         """Ready for a new run (the team calls this right after any stop)."""
         self._terminated = False
         self._run_id = None
+
+    def read_ledger(self, client: ChatCompletionClient) -> LedgerReader:
+        """``client`` for a Magentic-One orchestrator: each progress ledger it answers is a decision point.
+
+        >>> team = MagenticOneGroupChat(agents, model_client=stop.read_ledger(client),
+        ...                             termination_condition=stop)  # doctest: +SKIP
+        """
+        return LedgerReader(client, self)
+
+    async def ledger_turn(self, verdict: Progress) -> DecideResponse | None:
+        """Ask the service at an orchestrator's progress ledger (``verdict``: its ``progress``).
+
+        The ledger is the orchestrator's ``aggregate`` step, carrying only the verdict; the
+        events held since the last decision point go before it. ``None`` once stopped.
+        """
+        if self._terminated:
+            return None
+        run_id = self._start()
+        self._n_ledgers += 1
+        event = Event.model_validate(
+            {
+                "id": f"{run_id}:ledger:{self._n_ledgers}",
+                "t": self._clock.now(),
+                "type": "aggregate",
+                "agent": ORCHESTRATOR,
+                "progress": verdict,
+            }
+        )
+        ready = self._outbox.ready([event]) or [event]
+        decision = await self.client.decide(
+            run_id, ready, task_id=self._config.task_id, system=self._config.system
+        )
+        self.last_decision = decision
+        if decision.action == "stop":
+            self._terminated = True  # the orchestrator finishes (it resets this condition as it does)
+        return decision
 
     async def outcome(
         self, rewards: Mapping[str, float], *, run_id: str | None = None, stop: Stop | None = None

@@ -41,7 +41,7 @@ RECIPE: dict[str, str | None] = {
 ABLATIONS: list[tuple[str, dict[str, str | bool]]] = [
     ("shipped recipe", {}),
     ("no stall evidence (--stop-on value)", {"--stop-on": "value", "--evidence": False}),
-    ("no per-system floors", {"--max-value-loss": False, "--max-success-loss": False}),
+    ("no per-system floors", {"--max-value-loss": False, "--max-success-loss": "0"}),
     ("censored runs as finished (--censored horizon)", {"--censored": "horizon"}),
 ]
 #: The in-system reference (``--in-system``): what a model trained on a system's OWN runs reaches,

@@ -446,6 +446,41 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def _floors_section(guard: Mapping[str, Any]) -> list[str]:
+    """The card's floors section: what success (and value) the policy may lose, and what it loses."""
+    if "success_floor" not in guard:
+        return []  # trained before the floors were the default
+    success, value = guard.get("success_floor"), guard.get("value_floor")
+    if success is None and value is None:
+        return [
+            "## Success floor",
+            "",
+            "Off (`--max-success-loss 0`): any loss of success may be traded for cost.",
+            "",
+        ]
+    lines = ["## Success floor", ""]
+    limits = []
+    if success is not None:
+        limits.append(f"{100 * float(success):g} point(s) of success")
+    if value is not None:
+        limits.append(f"{float(value):g} of value")
+    lines.append(
+        f"No policy that loses more than {' or '.join(limits)} against the logged runs in cross-validation "
+        "(in any data set) may ship: the heuristic is chosen among those within, never-stop included, and "
+        "the learned model ships only within."
+    )
+    lines.append("")
+    for who in ("learned", "heuristic"):
+        if f"{who}_success_loss" in guard:
+            ok = "within" if guard.get(f"{who}_within_floors") else "**outside: refused**"
+            lines.append(
+                f"- {who}: success loss {_fmt(guard[f'{who}_success_loss'])}, "
+                f"value loss {_fmt(guard.get(f'{who}_value_loss'))} ({ok})"
+            )
+    lines.append("")
+    return lines
+
+
 def render_model_card(manifest: Manifest) -> str:
     """The ``MODEL_CARD.md`` text for a manifest (what it is, how it was trained, how good)."""
     m = manifest
@@ -486,6 +521,7 @@ def render_model_card(manifest: Manifest) -> str:
     lines += _when_it_stops(m)
     guard = m.guard
     if isinstance(guard, Mapping):
+        lines += _floors_section(guard)
         lines += ["## Never worse than a tuned heuristic", ""]
         lines += [f"- {k}: {_fmt(v)}" for k, v in guard.items()]
         lines.append("")

@@ -665,13 +665,15 @@ def _fit_options(p: argparse.ArgumentParser) -> None:
         type=_non_negative_float,
         metavar="X",
         help="tune margins and choose the heuristic family so that, in every data set (--group-by "
-        "dataset: every system), the mean value falls at most X below the logged runs'. Default: off",
+        "dataset: every system), the cross-validated mean value falls at most X below the logged "
+        "runs', and ship a learned model only if it does too (0: off). Default: off",
     )
     p.add_argument(
         "--max-success-loss",
         type=_non_negative_float,
         metavar="X",
-        help="likewise for the mean quality handed back (0.01: one point of success). Default: off",
+        help="likewise for the mean quality handed back: no policy, learned or heuristic, that loses "
+        "more than X of success in cross-validation ships (0.01: one point; 0: off). Default: 0.01",
     )
     p.add_argument(
         "--inner-cv",

@@ -77,7 +77,7 @@ from stopserve.training.heuristics import (
 )
 from stopserve.training.labels import DecisionPoints, FloatArray, IntArray
 from stopserve.training.replay import REPLAY_ENGINE, replay_rows
-from stopserve.training.tuning import ALL_RULES, Floors, Tuned, tune_policy
+from stopserve.training.tuning import ALL_RULES, DEFAULT_FLOORS, Floors, Tuned, floor_losses, tune_policy
 
 __all__ = [
     "DEFAULT_PARAMS",
@@ -397,7 +397,7 @@ class PolicyLearner:
         fixed_rules: bool = False,
         stop_on: str = "value",
         censored: str = "auto",
-        floors: Floors | None = None,
+        floors: Floors | None = DEFAULT_FLOORS,
         overrules: Sequence[str] | None = None,
         evidence: Evidence | None = None,
         inner_cv: bool = False,
@@ -453,6 +453,10 @@ class PolicyLearner:
             raise TrainingError(f"censored must be auto, horizon or unknown, got {self.censored!r}")
         if self.stop_on not in ("value", "evidence"):
             raise TrainingError(f"stop_on must be 'value' or 'evidence', got {self.stop_on!r}")
+
+    def _floors(self) -> Floors | None:
+        """The floors in force: None when neither is set."""
+        return self.floors if self.floors is not None and self.floors.active else None
 
     def _features_used(self) -> tuple[str, ...]:
         if self.features == "all":
@@ -758,10 +762,10 @@ class PolicyLearner:
                 fires,
                 st.lam_value,
                 min_turns=st.min_turns,
-                strata=_strata(dp, st.per_run or self.floors is not None),
+                strata=_strata(dp, st.per_run or self._floors() is not None),
                 overrules=st.overrules,
                 stall=self._stall(st, dp),
-                floors=self.floors,
+                floors=self._floors(),
             )
             if best is None or t.score > best[1].score + 1e-12:
                 best = (method, t)
@@ -778,8 +782,9 @@ class PolicyLearner:
         st.heur_all = tune_heuristics(st.dp, st.lam_value, **opts)
 
         def rank(dp: DecisionPoints) -> FamilyRanking:
-            floors = None if self.floors is None else (self.floors.value, self.floors.success)
-            strata = dp.dataset if self.floors is not None else None
+            kept = self._floors()
+            floors = None if kept is None else (kept.value, kept.success)
+            strata = dp.dataset if kept is not None else None
             return rank_families(
                 dp, st.lam_value, folds=self.folds, seed=self.seed, strata=strata, floors=floors, **opts
             )
@@ -829,10 +834,10 @@ class PolicyLearner:
                 fires,
                 st.lam_value,
                 min_turns=st.min_turns,
-                strata=_strata(dp, st.per_run or self.floors is not None),
+                strata=_strata(dp, st.per_run or self._floors() is not None),
                 overrules=st.overrules,
                 stall=stall,
-                floors=self.floors,
+                floors=self._floors(),
             )
             deviation = tuned.deviation(st.overrules, on_evidence=stall is not None)
             stop_rule = stop_mask(dp, v_opt, fires, deviation, stall=stall)
@@ -932,7 +937,9 @@ class PolicyLearner:
                 f"too little data to trust a learned policy: {st.n_groups} groups, the guard needs at least "
                 f"{self.min_groups} (set by --min-groups); the tuned heuristic ships"
             )
+        within = self._within_floors(st, reps, best_heur)
         return {
+            **within,
             "learned_cv_value": reps["learned"].mean_value,
             "best_heuristic": best_heur,
             "best_heuristic_cv_value": reps[best_heur].mean_value,
@@ -941,8 +948,48 @@ class PolicyLearner:
             "lower_bound_quantile": GUARD_QUANTILE,
             "n_groups": st.n_groups,
             "min_groups": self.min_groups,
-            "ship": enough and lower >= 0.0 and mean_diff > 1e-12,
+            "ship": enough
+            and lower >= 0.0
+            and mean_diff > 1e-12
+            and within.get("learned_within_floors", True),
         }
+
+    def _within_floors(self, st: _FitState, reps: Mapping[str, Replay], best_heur: str) -> dict[str, Any]:
+        """Each candidate's cross-validated worst loss against the logged runs; whether it keeps the floors.
+
+        The learned policy ships only within them; the heuristic was ranked within them
+        (:func:`~stopserve.training.heuristics.rank_families`), never-stop included, and
+        its figures here are what its folds' replays show.
+        """
+        kept = self._floors()
+        if kept is None:
+            return {"success_floor": None, "value_floor": None}
+        out: dict[str, Any] = {"success_floor": kept.success, "value_floor": kept.value}
+        limits = {"success": kept.success, "value": kept.value}
+        assert st.ranking is not None
+        ranked = reps[best_heur]
+        if best_heur in st.ranking.per_trace_q:  # the figures it was ranked on
+            ranked = replace(
+                ranked, value=st.ranking.per_trace[best_heur], q=st.ranking.per_trace_q[best_heur]
+            )
+        for name, label, rep in (("learned", "learned", reps["learned"]), (best_heur, "heuristic", ranked)):
+            losses = floor_losses(st.dp, rep, st.lam_value)
+            over = [
+                f"{what} by {loss:.4f} on {where}"
+                for what, (loss, where) in losses.items()
+                if limits[what] is not None and loss > float(limits[what]) + 1e-9  # type: ignore[arg-type]
+            ]
+            out[f"{label}_success_loss"] = round(losses["success"][0], 6)
+            out[f"{label}_value_loss"] = round(losses["value"][0], 6)
+            out[f"{label}_within_floors"] = not over
+            if over and name == "learned":
+                st.notes.append(
+                    "the learned policy loses more than the floors allow in cross-validation ("
+                    + "; ".join(over)
+                    + f"; floors: success {_fmt_floor(kept.success)}, value {_fmt_floor(kept.value)}, set by "
+                    "--max-success-loss / --max-value-loss): it does not ship"
+                )
+        return out
 
     def _final(
         self, st: _FitState, best_heur: str, *, ship: bool
@@ -1115,6 +1162,10 @@ def _by_dataset(dp: DecisionPoints, reps: Mapping[str, Replay], names: Sequence[
     return out
 
 
+def _fmt_floor(x: float | None) -> str:
+    return "off" if x is None else f"{x:g}"
+
+
 def _summary(r: Any) -> dict[str, float]:
     return {"value": r.mean_value, "success": float(r.q.mean()), "cost": float(r.c.mean())}
 
@@ -1193,10 +1244,11 @@ def learner_from_args(
         stop_on=args.stop_on,
         censored=args.censored,
         evidence=args.evidence,
-        floors=(
-            Floors(value=args.max_value_loss, success=args.max_success_loss)
-            if args.max_value_loss is not None or args.max_success_loss is not None
-            else None
+        floors=Floors(
+            value=args.max_value_loss or None,  # 0: off
+            success=DEFAULT_FLOORS.success
+            if args.max_success_loss is None
+            else args.max_success_loss or None,
         ),
         inner_cv=args.inner_cv,
     )
@@ -1231,6 +1283,15 @@ def print_summary(learner: PolicyLearner, out: Path) -> None:
         f"(ships a model only when the lower end is >= 0 with >= {guard['min_groups']} groups)",
         file=sys.stderr,
     )
+    if guard.get("success_floor") is not None or guard.get("value_floor") is not None:
+        print(
+            f"floors (--max-success-loss, --max-value-loss): success {_fmt_floor(guard['success_floor'])}, "
+            f"value {_fmt_floor(guard['value_floor'])}; cross-validated worst loss per data set: learned "
+            f"success {guard['learned_success_loss']:+.4f} "
+            f"({'within' if guard['learned_within_floors'] else 'outside: refused'}), "
+            f"{guard['best_heuristic']} success {guard['heuristic_success_loss']:+.4f}",
+            file=sys.stderr,
+        )
     if learner.importance_:
         print("\ntop features (gain share):", file=sys.stderr)
         imp = [("feature", "share")] + [(n, f"{s:.3f}") for n, s in list(learner.importance_.items())[:10]]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
@@ -564,6 +564,8 @@ class FamilyRanking:
     scheme: str
     #: families that kept the floors in every stratum (all of them when no floors were asked)
     eligible: tuple[str, ...] = HEURISTICS
+    #: family -> each trace's cross-validated quality handed back, averaged over the repeats
+    per_trace_q: Mapping[str, FloatArray] = field(default_factory=dict)
 
 
 def rank_families(
@@ -634,4 +636,11 @@ def rank_families(
     for h in pool:  # strictly better than every simpler family, beyond rounding
         if values[h] > values[best] + 1e-9:
             best = h
-    return FamilyRanking(values=values, per_trace=per_trace, best=best, scheme=scheme, eligible=eligible)
+    return FamilyRanking(
+        values=values,
+        per_trace=per_trace,
+        best=best,
+        scheme=scheme,
+        eligible=eligible,
+        per_trace_q={h: s / len(assignments) for h, s in q_sums.items()},
+    )

@@ -26,10 +26,19 @@ import numpy as np
 
 from stopserve.manifest import RULE_KINDS
 from stopserve.policy import Deviation, RuleFires, split_fires
-from stopserve.training.heuristics import policy_mask, replay
+from stopserve.training.heuristics import Replay, policy_mask, replay
 from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray, IntArray
 
-__all__ = ["ALL_RULES", "PESSIMISM", "Floors", "Tuned", "tune_policy"]
+__all__ = [
+    "ALL_RULES",
+    "DEFAULT_FLOORS",
+    "DEFAULT_SUCCESS_FLOOR",
+    "PESSIMISM",
+    "Floors",
+    "Tuned",
+    "floor_losses",
+    "tune_policy",
+]
 
 #: Standard errors a deviation's mean gain must clear.
 PESSIMISM: Final = 1.0
@@ -86,6 +95,39 @@ class Floors:
 
     value: float | None = None
     success: float | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether either floor is set."""
+        return self.value is not None or self.success is not None
+
+
+def floor_losses(dp: DecisionPoints, rep: Replay, lam: float) -> dict[str, tuple[float, str]]:
+    """The worst loss against the logged runs over data sets: ``{"value"|"success": (loss, data set)}``.
+
+    A loss is the logged runs' mean minus the replayed policy's, per data set (a trained
+    policy must keep its :class:`Floors` in each); positive means the policy loses.
+    """
+    behavior = {"value": dp.trace_q_final - lam * dp.trace_c_final, "success": dp.trace_q_final}
+    got = {"value": rep.value, "success": rep.q}
+    out: dict[str, tuple[float, str]] = {}
+    for what in ("value", "success"):
+        worst = (-math.inf, "")
+        for name in np.unique(dp.dataset):
+            m = dp.dataset == name
+            loss = float(behavior[what][m].mean() - got[what][m].mean())
+            if loss > worst[0]:
+                worst = (loss, str(name))
+        out[what] = worst
+    return out
+
+
+#: The success a trained policy may lose against the logged runs, in quality units (0.01: one
+#: point of success), unless asked otherwise: no policy, learned or heuristic, buys cost with more.
+DEFAULT_SUCCESS_FLOOR: Final = 0.01
+
+#: What ``stopserve train`` and ``retrain`` keep by default: the success floor, no value floor.
+DEFAULT_FLOORS: Final = Floors(success=DEFAULT_SUCCESS_FLOOR)
 
 
 def _sweep(  # noqa: PLR0917

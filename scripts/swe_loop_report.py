@@ -28,7 +28,7 @@ DEFAULTS = LoopConfig()
 def only(pattern: str, threshold: int) -> SafetyConfig:
     off = dict.fromkeys(LOOP_PATTERNS, 0)
     off[pattern] = threshold
-    return SafetyConfig(loop=LoopConfig(**off))
+    return SafetyConfig(loop=LoopConfig(**off, nudge=0))  # stopping at the threshold itself
 
 
 def row(label: str, cfg: SafetyConfig, traces: list[Trace]) -> str:
@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     print(
         row(
-            "defaults (" + ", ".join(f"{p} {getattr(DEFAULTS, p)}" for p in LOOP_PATTERNS) + ")",
+            "defaults ("
+            + ", ".join(f"{p} {getattr(DEFAULTS, p)}" for p in LOOP_PATTERNS)
+            + f"; then {DEFAULTS.nudge} nudges)",
             SafetyConfig(),
             traces,
         )

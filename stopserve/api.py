@@ -297,6 +297,14 @@ class DecideResponse(BaseModel):
             "its value decide)."
         ),
     )
+    nudge: str | None = Field(
+        default=None,
+        description=(
+            "On a continue: a loop pattern reached its threshold and the run goes on for a few more "
+            "repeats; these words, handed to the agent, say what it repeats and to try something else "
+            "(the integrations and hooks do; docs/safety.md)."
+        ),
+    )
     limit: Literal["turns", "seconds", "tokens", "usd"] | None = None
     pattern: str | None = Field(default=None, description="Loop pattern, when the loop detector fired.")
     finalize: bool = Field(description="True on stop: produce your best final answer now.")

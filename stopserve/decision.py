@@ -66,6 +66,7 @@ class StopDecision:
     message: str | None = None
     proposal: Proposal | None = None
     explored: bool = False
+    nudge: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, as plain data (numbers as they are)."""
@@ -101,6 +102,7 @@ def to_wire(d: StopDecision) -> dict[str, Any]:
         "rule": d.rule,
         "message": d.message,
         "proposal": d.proposal,
+        "nudge": d.nudge,
     }
 
 

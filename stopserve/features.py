@@ -44,13 +44,14 @@ import hashlib
 import math
 import operator
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from stopserve.errors import Issue, TraceValidationError
+from stopserve.signals import sketch as _sketch
 from stopserve.trace import EVENT_TYPES, TOPOLOGIES, Budget, Event, Progress
 
 __all__ = [
@@ -94,7 +95,11 @@ LOOP_PATTERNS: Final[tuple[str, ...]] = (
     "alternating_actions",
     "repeated_cycle",
     "repeated_reply",
+    "near_repeat",
 )
+#: Two texts whose sketches are at least this alike count as the same for ``near_repeat``: strict
+#: (issue 37: loose settings chosen on one SWE set lost 3-6 points of success on another).
+NEAR_SIMILARITY: Final = 0.9
 #: Event ids kept per agent for the repeated-reply report.
 _REPLY_ID_WINDOW: Final = 8
 
@@ -225,6 +230,8 @@ _TOPOLOGY_INDEX: Final = {name: i for i, name in enumerate(TOPOLOGIES)}
 
 # a finished action: ((agent, tool, action ref), result ref, failed, event ids)
 _Pair = tuple[tuple[str, str | None, str | None], str | None, bool, tuple[str, ...]]
+#: (agent, tool, action ref, action sketch, result ref, result sketch, result progress key)
+_Near = tuple[str, str | None, str | None, str | None, str | None, str | None, Any]
 # an event's signature for the repeated-cycle counter: (agent, type, tool, to, ref, value, error)
 _Sig = tuple[str, str, str | None, str | None, str | None, float | None, bool | None]
 
@@ -295,6 +302,8 @@ class RunState:
         "_mono_ref",
         "_mono_run",
         "_n_events",
+        "_near_prev",
+        "_near_run",
         "_new_content",
         "_pairs",
         "_pending",
@@ -379,6 +388,9 @@ class RunState:
         self._same_res_run = 0
         self._same_err_run = 0
         self._alt_len = 0
+        # near repeats: the last (action, result) as (agent, tool, ref, sketch, result ref, sketch, progress)
+        self._near_prev: _Near | None = None
+        self._near_run = 0
         self._mono_run = 0
         self._mono_agent: str | None = None
         self._mono_ref: str | None = None
@@ -624,14 +636,14 @@ class RunState:
         if kind == "tool_use":
             pending = self._pending_action
             if pending is not None:
-                self._complete(pending, None, None, bool(pending.error))
+                self._complete(pending, None, None, bool(pending.error), None)
             self._pending_action = event
             return True
         if kind == "return":
             action = self._pending_action
             if action is not None:
                 self._pending_action = None
-                self._complete(action, eid, ref, bool(err) or bool(action.error))
+                self._complete(action, eid, ref, bool(err) or bool(action.error), event)
             if self._pending > 0:
                 self._pending -= 1
             if ref is not None:
@@ -706,11 +718,14 @@ class RunState:
         self._reply_mark[agent] = fresh
         ids.append(eid)
 
-    def _complete(self, action: Event, result_id: str | None, result_ref: str | None, failed: bool) -> None:
+    def _complete(
+        self, action: Event, result_id: str | None, result_ref: str | None, failed: bool, result: Event | None
+    ) -> None:
         """Record one finished (action, result) pair and update the loop run lengths."""
         aref = action.content_ref
         if aref is not None and len(aref) > MAX_REF_CHARS:
             aref = _digest(aref)
+        self._near(action, aref, result, result_ref, failed)
         asig = (action.agent, action.tool, aref)
         pairs = self._pairs
         ids = (action.id,) if result_id is None else (action.id, result_id)
@@ -741,6 +756,47 @@ class RunState:
             else:
                 self._alt_len = 0
         pairs.append((asig, result_ref, failed, ids))
+
+    def _near(
+        self, action: Event, aref: str | None, result: Event | None, result_ref: str | None, failed: bool
+    ) -> None:
+        """``near_repeat``: this pair is the last one again, near enough, and shows no progress.
+
+        Near enough: the same agent and tool, and one side the same while the other is as
+        alike as :data:`NEAR_SIMILARITY` by its sketch: a command or search rephrased, with
+        the same result; or the same action *failing* with a near result (a traceback with
+        another timestamp, path or line; sketches fold digits, so a result that changed only
+        in its numbers, a counter or a progress log, is no repeat unless it is an error), the
+        same error signature where the steps carry one. Both sides near is no repeat (a probe
+        of ``probe_2.py`` failing on ``field_2`` after ``probe_1.py`` explores). No progress:
+        fewer failing tests, more passing, a file changed, an exit code back to 0, the
+        orchestrator's "progress" reset the count. Unknown content never counts: false stops cost more.
+        """
+        adict = action.__dict__
+        rdict = None if result is None else result.__dict__
+        cur: _Near = (
+            action.agent,
+            action.tool,
+            aref,
+            adict.get("sketch"),
+            result_ref,
+            None if rdict is None else rdict.get("sketch"),
+            _progress_key(None if rdict is None else rdict.get("progress"), failed),
+        )
+        prev = self._near_prev
+        self._near_prev = cur
+        if result_ref is None or (aref is None and cur[3] is None):
+            self._near_run = 0
+        elif (
+            prev is not None
+            and prev[0] == cur[0]
+            and prev[1] == cur[1]
+            and _near_pair(prev, cur)
+            and not _progressed(prev[6], cur[6])
+        ):
+            self._near_run += 1
+        else:
+            self._near_run = 1
 
     def _consensus_update(self, agent: str, ref: str | None) -> None:
         latest = self._agent_ret_ref
@@ -984,6 +1040,9 @@ class RunState:
         ``repeated_reply``: the latest reply's agent gave the same reply this many times in a
         row, other agents' events allowed between (a reply is a ``communicate``, or a
         ``return`` that answers no pending action: a text-only agent handing its turn back);
+        ``near_repeat``: (action, result) pairs in a row that repeat the last one exactly or
+        nearly, by the events' sketches (see ``_near``), and show no progress; 0 where the run is
+        the exact patterns' (every pair an exact repeat, or the same action failing);
         ``repeated_cycle``: full repeats of the latest stretch of 2 to
         ``CYCLE_MAX_PERIOD`` events (same agent, type, tool, recipient, content ref,
         reward value and error flag), counted only when the stretch holds a content ref
@@ -992,6 +1051,11 @@ class RunState:
         # one dict lookup: the nets ask for every pattern at every decision
         run: int = _LOOP_RUN[pattern](self)
         return run
+
+    def _near_repeats(self) -> int:
+        """The near-repeat run, where the exact patterns do not count it whole (else 0: theirs)."""
+        run = self._near_run
+        return run if run > self._same_res_run and run > self._same_err_run else 0
 
     def _reply_repeats(self) -> int:
         agent = self._reply_agent
@@ -1092,14 +1156,79 @@ _LOOP_RUN: Final[dict[str, Callable[[RunState], int]]] = {
     "alternating_actions": operator.attrgetter("_alt_len"),
     "repeated_cycle": RunState._cycle_repeats,
     "repeated_reply": RunState._reply_repeats,
+    "near_repeat": RunState._near_repeats,
 }
+
+
+def _alike(ref_a: str | None, sk_a: str | None, ref_b: str | None, sk_b: str | None) -> bool:
+    """The same content: equal refs, or sketches at least :data:`NEAR_SIMILARITY` alike."""
+    if ref_a is not None and ref_a == ref_b:
+        return True
+    if sk_a is None or sk_b is None:
+        return False
+    if sk_a == sk_b:
+        return True
+    return _sketch.similarity(_sketch.parse(sk_a), _sketch.parse(sk_b)) >= NEAR_SIMILARITY
+
+
+def _near_pair(prev: _Near, cur: _Near) -> bool:
+    """One side the same, the other the same or near: a rephrased action with the same result, or
+    the same action failing with a near result. Both sides near is no repeat (a probe of
+    ``probe_2.py`` failing on ``field_2`` after ``probe_1.py`` on ``field_1`` explores)."""
+    same_action = cur[2] is not None and cur[2] == prev[2]
+    same_result = cur[4] is not None and cur[4] == prev[4]
+    if same_action:
+        return same_result or _near_failure(prev, cur)
+    return same_result and _alike(prev[2], prev[3], cur[2], cur[3])
+
+
+def _near_failure(prev: _Near, cur: _Near) -> bool:
+    """Both steps failed, with results as alike and the same error signature where they carry one."""
+    before, now = prev[6], cur[6]
+    if not (before[6] and now[6]):  # only failures may differ in their numbers
+        return False
+    if before[5] is not None and now[5] is not None and before[5] != now[5]:
+        return False
+    return _alike(None, prev[5], None, cur[5])
+
+
+#: (tests passed, tests failed, exit code, files changed, made progress, error signature, failed)
+_ProgressKey = tuple[int | None, int | None, int | None, int | None, bool | None, str | None, bool]
+
+
+def _progress_key(prog: Progress | None, failed: bool) -> _ProgressKey:
+    if prog is None:
+        return (None, None, None, None, None, None, failed)
+    return (
+        prog.tests_passed,
+        prog.tests_failed,
+        prog.exit_code,
+        prog.files_changed,
+        prog.made_progress,
+        prog.error,
+        failed or prog.error is not None or prog.exit_code not in (None, 0),
+    )
+
+
+def _progressed(before: Sequence[Any], now: Sequence[Any]) -> bool:
+    """Whether ``now``'s progress shows a step forward from ``before``'s."""
+    passed, failed, code, files, made = now[:5]
+    if made is True or (files is not None and files > 0):
+        return True
+    b_passed, b_failed, b_code = before[0], before[1], before[2]
+    return (
+        (failed is not None and b_failed is not None and failed < b_failed)
+        or (passed is not None and b_passed is not None and passed > b_passed)
+        or (code == 0 and b_code not in (None, 0))
+    )
 
 
 # ---------------------------------------------------------------------- serialization helpers
 
 #: The header of :meth:`RunState.to_bytes`; a change of what a slot means bumps the version.
 STATE_FORMAT: Final = "stopserve.runstate"
-STATE_VERSION: Final = 3  # 2: a reward no longer counts as a turn; 3: the orchestrator-ledger counters
+# 2: a reward no longer counts as a turn; 3: the orchestrator-ledger counters; 4: near repeats
+STATE_VERSION: Final = 4
 _STATE_SLOTS: Final[tuple[str, ...]] = RunState.__slots__
 
 
@@ -1130,6 +1259,13 @@ def _pairs_in(raw: list[Any]) -> deque[_Pair]:
     )
 
 
+def _near_in(raw: list[Any] | None) -> _Near | None:
+    if raw is None:
+        return None
+    *head, prog = raw
+    return (*head, tuple(prog))
+
+
 def _sigs_in(raw: list[Any]) -> deque[_Sig]:
     return deque(map(tuple, raw), maxlen=CYCLE_MAX_PERIOD)
 
@@ -1155,6 +1291,7 @@ _DECODE: Final[dict[str, Callable[[Any], Any]]] = {
     "_agents": set,
     "_pending_action": lambda e: None if e is None else Event.model_validate_json(e),
     "_pairs": _pairs_in,
+    "_near_prev": _near_in,
     "_reply_ids": lambda d: {k: deque(v, maxlen=_REPLY_ID_WINDOW) for k, v in d.items()},
     "_sig_pos": _sig_pos_in,
     "_sigs": _sigs_in,

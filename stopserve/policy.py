@@ -511,8 +511,11 @@ class Policy:
             explored: bool = False,
         ) -> StopDecision:
             pattern = None if by is None else by.pattern
+            nudge = None
             if action == "stop" and pattern is None:
                 pattern = cfg.loop.closest(state)  # what the run was repeating, if anything
+            elif action == "continue":
+                nudge = cfg.loop.nudging(state)  # a loop at its threshold: tell the agent first
             return StopDecision(
                 action=action,
                 reason=reason,
@@ -532,6 +535,7 @@ class Policy:
                 message=message if message is not None else (None if by is None else by.message),
                 proposal=None if not proposed_stop else "accepted" if action == "stop" else proposal,
                 explored=explored,
+                nudge=nudge,
             )
 
         def stop(

@@ -127,7 +127,18 @@ class LoopConfig(BaseModel):
       agents speaking between (a text-only team stuck on one answer);
     * ``repeated_cycle``: the latest stretch of at most 24 events (any types, one holding a
       content ref) repeated this many times in full, e.g. a debate round whose messages,
-      answer and score come back unchanged.
+      answer and score come back unchanged;
+    * ``near_repeat``: the same action with the same result this many times in a row, where
+      "the same" is also a text as alike as ``NEAR_SIMILARITY`` by its sketch (the same
+      traceback with another timestamp or path) and no step showed progress (fewer failing
+      tests, a file changed: ``Event.progress``). Without sketches it is the exact pattern.
+
+    **An exact repeat is evidence, not a verdict** (issue 37): a pattern at its threshold
+    first *nudges* for ``nudge`` more repeats (the answer goes on, with ``nudge``: what was
+    repeated, for the integrations to tell the agent), and stops the run only if the
+    pattern is still going after them. A run that bumps into a wall six times and then
+    moves on is not cut; one that does not, is, two steps later. ``nudge: 0``: stop at the
+    threshold, as before.
 
     An action is a ``tool_use`` event, identified by (agent, tool, content_ref); its
     result is the first ``return`` event after it (before the next ``tool_use``),
@@ -148,6 +159,8 @@ class LoopConfig(BaseModel):
     alternating_actions: int = Field(default=8, ge=0)
     repeated_cycle: int = Field(default=6, ge=0)
     repeated_reply: int = Field(default=6, ge=0)
+    near_repeat: int = Field(default=6, ge=0)
+    nudge: int = Field(default=2, ge=0)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -160,6 +173,7 @@ class LoopConfig(BaseModel):
         "monologue",
         "repeated_cycle",
         "repeated_reply",
+        "near_repeat",
     )
     @classmethod
     def _at_least_two(cls, value: int) -> int:
@@ -202,18 +216,52 @@ class LoopConfig(BaseModel):
         return None if best is None else best[1]
 
     def check(self, state: RunState) -> SafetyStop | None:
-        """The first loop pattern at or above its threshold, or ``None``."""
+        """The first loop pattern past its threshold and its nudges, or ``None``."""
+        nudge = self.nudge
         for pattern, threshold in self._active:
             run = state.loop_run(pattern)
-            if run >= threshold:
+            if run >= threshold + nudge:
+                after = f", still repeated after {nudge} nudge{'s' * (nudge != 1)}" if nudge else ""
                 return SafetyStop(
                     name="loop_detector",
                     reason="loop_detected",
                     pattern=pattern,
                     events=state.loop_events(pattern),
-                    message=f"loop detected: {pattern} x{run} (threshold {threshold})",
+                    message=f"loop detected: {pattern} x{run} (threshold {threshold}{after})",
                 )
         return None
+
+    def nudging(self, state: RunState) -> str | None:
+        """The nudge for a pattern at its threshold but not yet past its nudges, or ``None``.
+
+        Words for the agent ("you have repeated ... ; try something else"): the answer
+        goes on with them (``DecideResponse.nudge``).
+        """
+        nudge = self.nudge
+        if not nudge:
+            return None
+        for pattern, threshold in self._active:
+            run = state.loop_run(pattern)
+            if threshold <= run < threshold + nudge:
+                left = threshold + nudge - run
+                return (
+                    f"you have repeated the same step {run} times in a row ({_NUDGE_WORDS[pattern]}): "
+                    f"it is not working; try something different. stopserve stops the run if it "
+                    f"repeats {left} more time{'s' * (left != 1)}"
+                )
+        return None
+
+
+#: What each pattern repeats, in a nudge's words.
+_NUDGE_WORDS: Final = {
+    "repeated_action_observation": "the same action with the same result",
+    "repeated_action_error": "the same action, failing each time",
+    "monologue": "the same message",
+    "alternating_actions": "two actions in turn, the same results",
+    "repeated_cycle": "the same round of messages",
+    "repeated_reply": "the same reply",
+    "near_repeat": "nearly the same action and result, no progress",
+}
 
 
 #: The name a stop by :class:`LedgerConfig` carries (``safety_net`` in the answer).

@@ -23,7 +23,7 @@ from stopserve.features import FEATURE_NAMES, RunState
 from stopserve.manifest import LEGACY_OVERRULES, BaseRule, Margins
 from stopserve.objective import Objective
 from stopserve.policy import Policy
-from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
+from stopserve.safety import DEFAULT_SAFETY, LoopConfig, SafetyConfig
 from stopserve.trace import Trace, is_decision_point
 from stopserve.training.fit import PolicyLearner
 from stopserve.training.heuristics import HeuristicRule, TunedHeuristic
@@ -164,7 +164,8 @@ def test_epsilon_exploration_turns_model_stops_into_continues(learned: dict[str,
     ("rule", "safety", "reason"),
     [
         (HeuristicRule(turn_cap=3, loop=False, quality=False), NO_LOOP, "budget_exhausted"),  # the base rule
-        (HeuristicRule(loop=True, quality=False), SafetyConfig(), "loop_detected"),  # the loop detector
+        # the loop detector (stopping at its thresholds: these runs' loops rarely outlast the nudges)
+        (HeuristicRule(loop=True, quality=False), SafetyConfig(loop=LoopConfig(nudge=0)), "loop_detected"),
     ],
 )
 def test_exploration_covers_rule_stops_never_a_budget(
@@ -258,7 +259,8 @@ def test_a_manifest_cannot_switch_the_default_nets_off(tmp_path: Path) -> None:
     state = RunState()
     from stopserve.trace import Event
 
-    for i in range(6):
+    loop = LoopConfig()
+    for i in range(loop.repeated_action_observation + loop.nudge):  # past the threshold and its nudges
         state.fold(Event(id=f"a{i}", t=float(i), type="tool_use", agent="x", content_ref="same"))
         state.fold(Event(id=f"r{i}", t=float(i), type="return", agent="x", content_ref="out"))
     d = policy.decide(state)

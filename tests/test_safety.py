@@ -26,6 +26,7 @@ OPENHANDS = SafetyConfig(
         alternating_actions=6,
         repeated_cycle=3,
         repeated_reply=3,
+        nudge=0,  # OpenHands stops at its thresholds
     )
 )
 
@@ -197,8 +198,10 @@ def test_thresholds_are_configurable_and_can_be_off() -> None:
     s = RunState()
     steps(s, [("ls", "out", False)] * 2)
     assert OPENHANDS.check(s) is None
-    cfg = SafetyConfig(loop=LoopConfig(repeated_action_observation=2))
+    cfg = SafetyConfig(loop=LoopConfig(repeated_action_observation=2, nudge=0))
     assert cfg.check(s) is not None
+    nudged = SafetyConfig(loop=LoopConfig(repeated_action_observation=2))  # nudges twice first
+    assert nudged.check(s) is None and nudged.loop.nudging(s) is not None
     steps(s, [("ls", "out", False)] * 5, start=10)
     assert SafetyConfig(loop=LoopConfig(repeated_action_observation=0)).check(s) is None
     assert SafetyConfig.loads('{"loop": false}').check(s) is None
@@ -223,7 +226,8 @@ def test_or_and_compose() -> None:
 
 def test_and_keeps_the_loop_net_of_its_parts() -> None:
     s = RunState()
-    steps(s, [("ls", "out", False)] * LoopConfig().repeated_action_observation)  # the default threshold
+    loop = LoopConfig()
+    steps(s, [("ls", "out", False)] * (loop.repeated_action_observation + loop.nudge))  # the default stop
     assert (SafetyConfig(max_tokens=10**9) & SafetyConfig(quality_met=0.99)).check(s) is not None
 
 
@@ -472,20 +476,26 @@ def test_a_replaced_config_forgets_the_cached_views_of_the_original() -> None:
     assert base.replace(max_tokens=1000).check(s).name == "loop_detector"
 
 
-def test_the_defaults_fire_at_six_and_stop_every_scripted_loop_within_8_steps() -> None:
+def test_the_defaults_nudge_at_six_and_stop_every_scripted_loop_within_8_steps() -> None:
     loop = LoopConfig()
     assert (loop.repeated_action_observation, loop.repeated_action_error, loop.repeated_cycle) == (6, 6, 6)
     assert (loop.repeated_reply, loop.monologue, loop.alternating_actions) == (6, 4, 8)
+    assert (loop.near_repeat, loop.nudge) == (6, 2)
     for failing in (True, False):
         s = RunState()
         fired_at = None
+        nudged = []
         for i in range(1, 9):
             steps(s, [("pytest -x", "FAILED" if failing else "ok", failing)], start=2 * (i - 1))
             stop = SafetyConfig().check(s)
             if stop is not None:
                 fired_at = i
+                assert "still repeated after 2 nudges" in (stop.message or "")
                 break
-        assert fired_at == 6, (failing, fired_at)
+            if (words := loop.nudging(s)) is not None:
+                nudged.append(i)
+                assert "try something different" in words
+        assert (nudged, fired_at) == ([6, 7], 8), (failing, nudged, fired_at)
 
 
 # ---------------------------------------------------------------- the orchestrator's own verdict

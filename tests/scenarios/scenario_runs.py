@@ -20,13 +20,19 @@ Productive runs, which nothing may stop before they are done (:data:`PRODUCTIVE`
   six fail, the seventh succeeds (the pattern of a retry agent with no reward channel);
 * ``support_chat``: a customer-service agent talking with a user over 40 turns and calling
   lookup tools, reward only at the end (none reaches the service during the run);
-* ``polling_progress``: a job polled with the same command, whose log grows each time.
+* ``polling_progress``: a job polled with the same command, whose log grows each time;
+* ``recoverable_bumps``: six identical bumps into a wall (the exact-repeat threshold), then
+  twenty new rooms: nudged, not stopped (issue 37: an exact repeat is evidence, not a verdict).
 
 Runs that must stop (:data:`MUST_STOP`):
 
 * ``failing_loop``: the same failing command, the same output: stopped within
   :data:`LOOP_STEPS` steps, the reason naming the loop;
 * ``succeeding_loop``: the same succeeding command, the same output, likewise;
+* ``traceback_loop``: the same failing command, the same traceback with another timestamp,
+  temp dir and line number each time, likewise;
+* ``rephrased_search``: a search rephrased only in its numbers, the same empty result each
+  time (no two actions equal: only the sketches see the repeat, ``near_repeat``), likewise;
 * ``solved``: the quality reward reaches 1.0 at step :data:`SOLVED_AT`: stopped within
   :data:`SOLVED_WITHIN` decision points (``quality_met``).
 """
@@ -63,9 +69,10 @@ __all__ = [
 #: A loop must be stopped at or before this step.
 LOOP_STEPS: Final = 8
 LOOP_TURNS: Final = LOOP_STEPS  # the integrations' name for it
-#: A text-only team stuck in one exchange (two agents repeating their messages) is stopped by the
-#: exchange's sixth repeat: two messages a repeat, and one exchange for the frameworks' first turn.
-TEXT_LOOP_TURNS: Final = 2 * (LoopConfig().repeated_reply + 1)
+#: A text-only team stuck in one exchange (two agents repeating their messages) is stopped after the
+#: exchange's sixth repeat and its two nudges: two messages a repeat, one exchange for the frameworks'
+#: first turn.
+TEXT_LOOP_TURNS: Final = 2 * (LoopConfig().repeated_reply + LoopConfig().nudge + 1)
 #: The step whose reward reaches 1.0 in ``solved``.
 SOLVED_AT: Final = 3
 #: Decision points a stop may lag behind the reward reaching 1.0.
@@ -211,6 +218,49 @@ def polling_progress() -> Iterator[Step]:
         yield rec.drain()
 
 
+def recoverable_bumps() -> Iterator[Step]:
+    """Six identical bumps into a wall (a text game's move, cheap and recoverable), then on its way."""
+    rec = _recorder("bumps")
+    for _ in range(6):
+        rec.tool_use("move", content="go north", tokens=200)
+        rec.returned("move", content="You bump into a wall. You are in a dark corridor.")
+        yield rec.drain()
+    rooms = ("kitchen", "cellar", "garden", "library", "attic", "hall", "stairs", "study", "vault", "gate")
+    for step, room in enumerate(rooms * 2):
+        rec.tool_use(
+            "move", content=f"go {('east', 'south', 'west', 'up')[step % 4]} to the {room}", tokens=200
+        )
+        rec.returned("move", content=f"You enter the {room}. Exits lead on; you pick up item {step}.")
+        rec.reward(min(1.0, 0.05 * (step + 1)), channel="progress")
+        yield rec.drain()
+
+
+def traceback_loop() -> Iterator[Step]:
+    """The same failing command, the same traceback with another timestamp, temp dir and line each time."""
+    rec = _recorder("traceback")
+    for step in range(1, 1000):
+        rec.tool_use("bash", content="python -m app.main --config conf.yaml", tokens=TOKENS_PER_TURN)
+        rec.returned(
+            "bash",
+            content=f"2026-05-{step % 28 + 1:02d}T10:{step % 60:02d}:07Z ERROR Traceback (most recent call "
+            f'last): File "/tmp/tmp{step:08x}/app/main.py", line {40 + step}, in load KeyError: '
+            "'database'",
+            error=True,
+        )
+        yield rec.drain()
+
+
+def rephrased_search() -> Iterator[Step]:
+    """A search rephrased only in its numbers, each time with the same empty result: no exact repeat."""
+    rec = _recorder("search")
+    for step in range(1, 1000):
+        rec.tool_use(
+            "search", content=f"search the docs for 'retry policy' (attempt {step}, top {10 * step})"
+        )
+        rec.returned("search", content="No results found for your query.")
+        yield rec.drain()
+
+
 def failing_loop() -> Iterator[Step]:
     rec = _recorder("loop")
     while True:
@@ -249,11 +299,18 @@ PRODUCTIVE: Final[tuple[Scenario, ...]] = (
     Scenario("retry_until_success", retry_until_success, done_at=7),
     Scenario("support_chat", support_chat, done_at=40),
     Scenario("polling_progress", polling_progress, done_at=40),
+    Scenario("recoverable_bumps", recoverable_bumps, done_at=26),
 )
 MUST_STOP: Final[tuple[Scenario, ...]] = (
     Scenario("failing_loop", failing_loop, stop_within=LOOP_STEPS, reasons=("loop_detected", "no_progress")),
     Scenario(
         "succeeding_loop", succeeding_loop, stop_within=LOOP_STEPS, reasons=("loop_detected", "no_progress")
+    ),
+    Scenario(
+        "traceback_loop", traceback_loop, stop_within=LOOP_STEPS, reasons=("loop_detected", "no_progress")
+    ),
+    Scenario(
+        "rephrased_search", rephrased_search, stop_within=LOOP_STEPS, reasons=("loop_detected", "no_progress")
     ),
     Scenario("solved", solved(), stop_within=SOLVED_AT, reasons=("quality_met",)),
     Scenario("solved_primary_channel", solved(None), stop_within=SOLVED_AT, reasons=("quality_met",)),

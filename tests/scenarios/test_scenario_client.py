@@ -70,3 +70,16 @@ def test_a_turn_is_an_agent_step_with_the_service_down(down_url: str) -> None:
     answers = run_sync(down_url, "rising_reward_03", safety=SafetyConfig(max_turns=10))
     assert [a.turn for a in answers] == list(range(1, 11)), summary(answers)
     assert answers[-1].safety_net == "max_turns", summary(answers)
+
+
+@pytest.mark.parametrize("where", ["up", "down"])
+def test_a_loop_is_nudged_before_it_is_stopped(default_server: LiveServer, down_url: str, where: str) -> None:
+    """At the threshold the answer goes on with a nudge for the agent; the stop comes two repeats later."""
+    url = default_server.url if where == "up" else down_url
+    bumps = run_sync(url, "recoverable_bumps")
+    assert [i for i, a in enumerate(bumps, 1) if a.nudge] == [6], summary(bumps)
+    assert "try something different" in (bumps[5].nudge or "") and bumps[5].action == "continue"
+    search = run_sync(url, "rephrased_search")
+    assert [i for i, a in enumerate(search, 1) if a.nudge] == [6, 7], summary(search)
+    assert search[-1].action == "stop" and search[-1].pattern == "near_repeat", summary(search)
+    assert "still repeated after 2 nudges" in (search[-1].message or ""), summary(search)

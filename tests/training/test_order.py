@@ -47,7 +47,9 @@ def _fit(inputs: Any, out: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
     manifest["model_version"] = f"{name}-{digest}"
     manifest["files"].pop("MODEL_CARD.md")
     files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "manifest.json"}
-    files["MODEL_CARD.md"] = files["MODEL_CARD.md"].replace(version.encode(), b"V").replace(created.encode(), b"T")
+    files["MODEL_CARD.md"] = (
+        files["MODEL_CARD.md"].replace(version.encode(), b"V").replace(created.encode(), b"T")
+    )
     return manifest, files
 
 
@@ -72,10 +74,65 @@ def test_file_order_and_line_order_give_the_same_model(corpus: list[Trace], tmp_
 def test_trace_source_walks_traces_by_id_then_content(corpus: list[Trace], tmp_path: Path) -> None:
     b = _write(tmp_path / "b.jsonl", corpus[50:], shuffle=4)
     a = _write(tmp_path / "a.jsonl", corpus[:50], shuffle=3)
+
     def dumps(source: TraceSource) -> list[bytes]:
         return [orjson.dumps(t.dump(), option=orjson.OPT_SORT_KEYS) for t in source]
 
-    walked, again, held = dumps(TraceSource([b, a])), dumps(TraceSource([a, b])), dumps(TraceSource(corpus[::-1]))
+    walked, again, held = (
+        dumps(TraceSource([b, a])),
+        dumps(TraceSource([a, b])),
+        dumps(TraceSource(corpus[::-1])),
+    )
     assert walked == again == held
     ids = [orjson.loads(w)["trace_id"] for w in walked]
     assert ids == sorted(ids) and ids.count("run7") == 2
+
+
+def test_retrain_splits_runs_started_together_alike_in_any_log_order(tmp_path: Path) -> None:
+    """The held-out share is the most recently started; runs that started together are ordered as
+    training orders traces (by id, then content), not by their place in the log."""
+    from stopserve.training.retrain import _split
+
+    runs = [{"trace_id": f"r{i}", "metrics": {"service_started": float(i // 3)}} for i in range(9)]
+    held = []
+    for seed in range(4):
+        log = tmp_path / f"log{seed}" / "traces.jsonl"
+        log.parent.mkdir()
+        shuffled = random.Random(seed).sample(runs, len(runs))
+        log.write_text("".join(json.dumps(r) + "\n" for r in shuffled))
+        split = _split([log], 0.4, log.parent)
+        held.append(sorted(json.loads(line)["trace_id"] for line in split.held.read_text().splitlines()))
+    assert held == [["r5", "r6", "r7", "r8"]] * 4
+
+
+def test_traces_are_read_back_from_gzip_and_json_files_a_chunk_at_a_time(
+    corpus: list[Trace], tmp_path: Path
+) -> None:
+    from stopserve.training.backend import read_places
+
+    write_traces(tmp_path / "a.jsonl.gz", corpus[:40])
+    (tmp_path / "b.json").write_bytes(orjson.dumps([t.dump() for t in corpus[40:60]]))
+    (tmp_path / "c.json").write_bytes(orjson.dumps(corpus[60].dump()))
+    _write(tmp_path / "d.jsonl", corpus[61:], shuffle=6)
+    source = TraceSource([tmp_path / n for n in ("d.jsonl", "c.json", "b.json", "a.jsonl.gz")])
+    want = [orjson.dumps(t.dump(), option=orjson.OPT_SORT_KEYS) for t in TraceSource(corpus)]
+    for chunk_bytes in (1, 20_000, 1 << 30):  # a trace a chunk, a few, all at once
+        got = [
+            orjson.dumps(t.dump(), option=orjson.OPT_SORT_KEYS)
+            for t in read_places(source.places(), chunk_bytes=chunk_bytes)
+        ]
+        assert got == want, chunk_bytes
+    assert len(source) == len(corpus)
+
+
+def test_a_file_changed_between_walks_is_an_error_not_another_fit(
+    corpus: list[Trace], tmp_path: Path
+) -> None:
+    from stopserve.errors import TrainingError
+
+    path = _write(tmp_path / "a.jsonl", corpus[:20])
+    source = TraceSource([path])
+    assert len(list(source)) == 20
+    _write(path, corpus[:20], shuffle=1)  # the same traces, other lines: not where the index says
+    with pytest.raises(TrainingError, match="changed while training read it"):
+        list(source)

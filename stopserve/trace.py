@@ -792,8 +792,9 @@ def read_at(
     """
     name = os.fspath(path)
     out: list[bytes | None] = [None] * len(places)
+    file = Path(path)
     try:
-        raw = Path(path).open("rb")
+        raw = file.open("rb")
     except OSError as exc:
         raise TraceFormatError(f"{name}: cannot open: {exc.strerror or exc}") from exc
     with raw:

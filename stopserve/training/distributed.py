@@ -135,7 +135,7 @@ class _Where:
         self._traces = part.read(traces)
 
     def __iter__(self) -> Iterator[Trace]:
-        for i, p in enumerate(self._places or ()):
+        for p in self._places or ():
             self.label = p.file if p.line is None else f"{p.file}:{p.line}"  # before reading it
             trace = next(self._traces, None)
             if trace is None:

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -272,14 +273,14 @@ def test_partitions_are_the_canonical_order_whatever_the_file_order(
     backend: DaskBackend, sim_files: list[Path]
 ) -> None:
     options = {"labels_from_rewards": False, "group_by": "task", "progress": False, "nets": None}
-    got = [
-        backend.decision_points(TraceSource([str(f) for f in files]), cost_unit="ktokens", normalize_cost=False, **options)  # type: ignore[arg-type]
-        for files in (sim_files, sim_files[::-1])
-    ]
-    here = LocalBackend().decision_points(
-        TraceSource([str(f) for f in sim_files[::-1]]), cost_unit="ktokens", normalize_cost=False, **options  # type: ignore[arg-type]
-    )
-    for dp in got[1:] + [here]:
+
+    def points(b: Any, files: list[Path]) -> Any:
+        source = TraceSource([str(f) for f in files])
+        return b.decision_points(source, cost_unit="ktokens", normalize_cost=False, **options)
+
+    got = [points(backend, files) for files in (sim_files, sim_files[::-1])]
+    here = points(LocalBackend(), sim_files[::-1])
+    for dp in [*got[1:], here]:
         assert dp.trace_id.tolist() == got[0].trace_id.tolist()
         assert np.array_equal(dp.X, got[0].X, equal_nan=True) and np.array_equal(dp.q, got[0].q)
 

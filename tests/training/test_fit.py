@@ -286,7 +286,9 @@ def test_a_folds_base_rule_never_depends_on_that_folds_own_traces(traces: list[T
     # the decision points hold the traces in the canonical order (by id), not as given
     fold = dict(zip(dp.trace_id.tolist(), group_folds(dp.group, FAST["folds"], 0).tolist(), strict=True))
     flipped = [
-        t.model_copy(update={"rewards": {"team": 1.0 - float(t.rewards["team"])}}) if fold[t.trace_id] == 0 else t
+        t.model_copy(update={"rewards": {"team": 1.0 - float(t.rewards["team"])}})
+        if fold[t.trace_id] == 0
+        else t
         for t in traces
     ]
     again = (

@@ -24,7 +24,7 @@ import io
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -48,6 +48,7 @@ __all__ = [
     "Edge",
     "Event",
     "Progress",
+    "ReadProblems",
     "Record",
     "Stop",
     "Trace",
@@ -55,6 +56,8 @@ __all__ = [
     "check_trace",
     "is_decision_point",
     "parse_trace",
+    "read_at",
+    "read_records",
     "read_traces",
     "scan",
     "write_traces",
@@ -504,6 +507,10 @@ class Record:
     readable: bool = True
     #: likely typos kept as extra fields (an unknown field close to a known one); errors with strict
     warnings: list[Issue] = field(default_factory=list)
+    #: where the line starts in the (decompressed) file, for JSON Lines: what :func:`read_at` reads back
+    offset: int | None = None
+    #: the trace's place in a ``.json`` file (0 for a file of one trace object)
+    index: int | None = None
 
 
 _GZIP_MAGIC: Final = b"\x1f\x8b"
@@ -548,10 +555,7 @@ def scan(
     except OSError as exc:
         raise TraceFormatError(f"{name}: cannot open: {exc.strerror or exc}") from exc
     with raw:
-        stream: IO[bytes] = raw
-        if raw.read(2) == _GZIP_MAGIC:
-            stream = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
-        raw.seek(0)
+        stream = _decompressed(raw)
         reader = _scan_jsonl if _is_jsonl(p) else _scan_json
         try:
             if isinstance(stream, gzip.GzipFile):
@@ -569,18 +573,31 @@ def scan(
             yield Record(name, None, None, [Issue(f"cannot read: {exc}", file=name)], readable=False)
 
 
+def _decompressed(raw: IO[bytes]) -> IO[bytes]:
+    """``raw`` (at its start), or its gzip-decompressed stream when it starts with gzip's magic."""
+    stream: IO[bytes] = raw
+    if raw.read(2) == _GZIP_MAGIC:
+        stream = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
+    raw.seek(0)
+    return stream
+
+
 def _scan_jsonl(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> Iterator[Record]:
     lineno = 0
     seen_any = False
+    pos = 0
     while True:
+        offset = pos
         line = stream.readline(max_bytes + 1)
         if not line:
             break
+        pos += len(line)
         lineno += 1
         if len(line) > max_bytes and not line.endswith(b"\n"):
             # skip the rest of the over-long line without holding it
             while True:
                 rest = stream.readline(1 << 20)
+                pos += len(rest)
                 if not rest or rest.endswith(b"\n"):
                     break
             issue = Issue(
@@ -598,7 +615,7 @@ def _scan_jsonl(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> I
             continue
         warned: list[Issue] = []
         trace, issues = check_trace(data, strict=strict, file=name, line=lineno, warnings=warned)
-        yield Record(name, lineno, trace, issues, warnings=warned)
+        yield Record(name, lineno, trace, issues, warnings=warned, offset=offset)
     if not seen_any:
         yield Record(name, None, None, [Issue("file is empty: no traces", file=name)], readable=False)
 
@@ -631,7 +648,7 @@ def _scan_json(stream: IO[bytes], name: str, strict: bool, max_bytes: int) -> It
         warned: list[Issue] = []
         where = name if len(items) == 1 else f"{name}[{i}]"
         trace, issues = check_trace(item, strict=strict, file=where, warnings=warned)
-        yield Record(name, None, trace, issues, warnings=warned)
+        yield Record(name, None, trace, issues, warnings=warned, index=i)
 
 
 def _looks_like_jsonl(blob: bytes) -> bool:
@@ -685,36 +702,117 @@ MAX_LISTED_ISSUES: Final = 1000
 _log = logging.getLogger("stopserve.trace")
 
 
-def _read_all(
-    paths: Iterable[str | os.PathLike[str]], *, strict: bool, max_trace_bytes: int
-) -> Iterator[Trace]:
-    issues: list[Issue] = []
-    n_bad = n_issues = n_total = 0
+@dataclass
+class ReadProblems:
+    """What reading trace files with :func:`read_records` found wrong: counts, and the first problems."""
+
+    #: traces read (valid or not), and of them invalid or unreadable
+    n_total: int = 0
+    n_bad: int = 0
+    #: problems found, and the first :data:`MAX_LISTED_ISSUES` of them
+    n_issues: int = 0
+    issues: list[Issue] = field(default_factory=list)
+
+    def add(self, issues: Sequence[Issue]) -> None:
+        """One more invalid or unreadable trace (or file), with its problems."""
+        self.n_bad += 1
+        self.n_issues += len(issues)
+        self.issues += issues[: max(0, MAX_LISTED_ISSUES - len(self.issues))]
+
+    def merge(self, other: ReadProblems) -> None:
+        """Count ``other``'s traces and problems too (files read apart, e.g. on other machines)."""
+        self.n_total += other.n_total
+        self.n_bad += other.n_bad
+        self.n_issues += other.n_issues
+        self.issues += other.issues[: max(0, MAX_LISTED_ISSUES - len(self.issues))]
+
+    def raise_if_any(self) -> None:
+        """One :class:`TraceValidationError` listing the problems, when a trace was bad."""
+        if not self.n_bad:
+            return
+        listed = len(self.issues)
+        more = f"; {self.n_issues - listed} more not listed" if self.n_issues > listed else ""
+        raise TraceValidationError(
+            f"{self.n_bad} of {self.n_total} traces invalid or unreadable ({self.n_issues} problems{more}); "
+            "stopserve validate lists them the same way",
+            self.issues,
+        )
+
+
+def read_records(
+    paths: Iterable[str | os.PathLike[str]],
+    problems: ReadProblems,
+    *,
+    strict: bool = False,
+    max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES,
+) -> Iterator[Record]:
+    """The record of every valid trace in ``paths``, with where it was read; the rest go to ``problems``.
+
+    What ``read_traces(errors="all")`` reads, without raising: call
+    ``problems.raise_if_any()`` after the last record. A record's ``offset`` or ``index``
+    finds its trace again (:func:`read_at`).
+    """
     for path in paths:
         typos: collections.Counter[tuple[str, str]] = collections.Counter()
         try:
             for record in scan(path, strict=strict, max_trace_bytes=max_trace_bytes):
                 _count_typos(record, typos)
-                n_total += 1
+                problems.n_total += 1
                 if record.trace is not None:
-                    yield record.trace
-                    continue
-                n_bad += 1
-                n_issues += len(record.issues)
-                issues += record.issues[: max(0, MAX_LISTED_ISSUES - len(issues))]
+                    yield record
+                else:
+                    problems.add(record.issues)
         except TraceFormatError as exc:  # cannot open the file: one more problem, read on
-            n_bad += 1
-            n_issues += 1
-            if len(issues) < MAX_LISTED_ISSUES:
-                issues.append(Issue(str(exc)))
+            problems.add([Issue(str(exc))])
         _warn_typos(path, typos)
-    if n_bad:
-        more = f"; {n_issues - len(issues)} more not listed" if n_issues > len(issues) else ""
-        raise TraceValidationError(
-            f"{n_bad} of {n_total} traces invalid or unreadable ({n_issues} problems{more}); "
-            "stopserve validate lists them the same way",
-            issues,
-        )
+
+
+def _read_all(
+    paths: Iterable[str | os.PathLike[str]], *, strict: bool, max_trace_bytes: int
+) -> Iterator[Trace]:
+    problems = ReadProblems()
+    for record in read_records(paths, problems, strict=strict, max_trace_bytes=max_trace_bytes):
+        assert record.trace is not None
+        yield record.trace
+    problems.raise_if_any()
+
+
+def read_at(
+    path: str | os.PathLike[str],
+    places: Sequence[tuple[int | None, int | None]],
+    *,
+    max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES,
+) -> list[bytes]:
+    """The JSON of the traces at ``places`` in ``path``, in the order given.
+
+    A place is a record's ``(offset, index)`` (:class:`Record`): the offset of a JSON Lines
+    line (read with a seek; in a gzip file, decompressed up to it), else the index in a
+    ``.json`` file (the file read once for all of them). Raises :class:`TraceFormatError`
+    when the file cannot be opened or holds nothing there (it changed since it was read).
+    """
+    name = os.fspath(path)
+    out: list[bytes | None] = [None] * len(places)
+    file = Path(path)
+    try:
+        raw = file.open("rb")
+    except OSError as exc:
+        raise TraceFormatError(f"{name}: cannot open: {exc.strerror or exc}") from exc
+    with raw:
+        stream = _decompressed(raw)
+        lines = sorted((off, j) for j, (off, _) in enumerate(places) if off is not None)
+        for off, j in lines:  # in file order: a gzip stream seeks forward only cheaply
+            stream.seek(off)
+            out[j] = stream.readline(max_trace_bytes + 1)
+        items = [(index, j) for j, (off, index) in enumerate(places) if off is None and index is not None]
+        if items:
+            data = orjson.loads(stream.read(max_trace_bytes + 1))
+            data = data if isinstance(data, list) else [data]
+            for index, j in items:
+                out[j] = orjson.dumps(data[index]) if index < len(data) else None
+    missing = [places[j] for j, blob in enumerate(out) if not blob]
+    if missing:
+        raise TraceFormatError(f"{name}: no trace at {missing[0]}: the file changed since it was read")
+    return [blob for blob in out if blob]
 
 
 def _count_typos(record: Record, typos: collections.Counter[tuple[str, str]]) -> None:

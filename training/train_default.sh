@@ -23,7 +23,7 @@
 #   --group-by dataset --folds 12 --inner-cv   leave one system out, margins tuned on held-out systems
 #   --max-value-loss 0.005 --max-success-loss 0.01   no system may lose value or success to the logged runs
 set -euo pipefail
-export LC_ALL=C  # the corpus files in byte order, as default_corpus lists them: the fit depends on row order
+export LC_ALL=C  # the corpus files listed in byte order (the fit no longer depends on it: traces are read by id)
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-../shared/data}
 OUT=${OUT:-models/default}

@@ -4,9 +4,13 @@
 ``evaluate`` run unchanged on top of it, and a model trained with it is an ordinary
 model directory.
 
-- **Partitions.** One per input file (a file's traces are never split), or one per
-  :data:`TRACES_PER_PARTITION` traces held in memory. Workers read the files by path:
-  every worker must see them at the same path (one machine, or shared storage).
+- **Partitions.** The traces in the canonical order of :class:`~stopserve.training.backend.TraceSource`
+  (by trace id, then content), cut every :data:`TRACES_PER_PARTITION` traces: the same traces
+  in any file or line order give the same partitions, and so the same model for a seed on the
+  same cluster. Each file is indexed by a task (validated, each trace's key and place); the
+  client sorts the places, and each partition's tasks read their traces back from the files by
+  place. Workers read the files by path: every worker must see them at the same path (one
+  machine, or shared storage).
 - **Decision points.** One task per partition folds its traces with the live
   featurizer (:func:`stopserve.training.labels.decision_part`); the client assembles
   the parts (:func:`~stopserve.training.labels.assemble_decision_points`: cost unit,
@@ -24,7 +28,7 @@ model directory.
   on the partition's feature rows, which stay on the workers from featurizing to the
   last replay. Policies travel as their manifest and LightGBM model text, and are
   rebuilt on the worker.
-- **Failures.** A task's error names its partition (file) and the trace; a worker lost
+- **Failures.** A task's error names the file (and line) of the trace it was folding; a worker lost
   while LightGBM trains ends the fit with a :class:`~stopserve.errors.TrainingError`
   (LightGBM's distributed training cannot go on without it); an unreachable scheduler
   is an error after ``timeout`` seconds. Nothing is written before the fit is whole.
@@ -53,7 +57,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from stopserve.errors import StopServeError, TrainingError
+from stopserve.errors import StopServeError, TraceError, TrainingError
 from stopserve.evidence import DEFAULT_EVIDENCE, Evidence
 from stopserve.extras import require
 from stopserve.features import FEATURE_NAMES
@@ -63,7 +67,7 @@ from stopserve.policy import Policy
 from stopserve.progress import progress_bar
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Trace, read_traces
-from stopserve.training.backend import EARLY_STOPPING, TraceSource
+from stopserve.training.backend import EARLY_STOPPING, FileIndex, Place, TraceSource, read_places
 from stopserve.training.labels import (
     DecisionPart,
     DecisionPoints,
@@ -107,15 +111,44 @@ def _require_dask() -> None:
 
 @dataclass(frozen=True)
 class _Partition:
-    """Traces one task reads: a file (by path), or a list of traces sent to the cluster."""
+    """Traces one task reads: places in files (a slice of the canonical order), a whole file in its
+    own order (``stopserve features``), or a list of traces sent to the cluster."""
 
     label: str
+    places: tuple[Place, ...] | None = None
     path: str | None = None
     traces: Any = None  # a Future of list[Trace]
-    n_traces: int | None = None  # known for traces sent from memory
+    n_traces: int | None = None  # None: a whole file, counted when read
 
     def read(self, traces: list[Trace] | None) -> Iterator[Trace]:
+        if self.places is not None:
+            return read_places(self.places)
         return iter(read_traces(self.path)) if self.path is not None else iter(traces or [])
+
+
+class _Where:
+    """Wraps a partition's traces; ``label`` names the file and line of the trace being read or folded."""
+
+    def __init__(self, part: _Partition, traces: list[Trace] | None) -> None:
+        self.label = part.label
+        self._places = part.places
+        self._traces = part.read(traces)
+
+    def __iter__(self) -> Iterator[Trace]:
+        for p in self._places or ():
+            self.label = p.file if p.line is None else f"{p.file}:{p.line}"  # before reading it
+            trace = next(self._traces, None)
+            if trace is None:
+                return
+            yield trace
+        if self._places is None:
+            yield from self._traces
+
+
+def _files(places: Sequence[Place]) -> str:
+    """The files some places are in, for a partition's label: the first three, then how many more."""
+    files = list(dict.fromkeys(p.file for p in places))
+    return ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
 
 
 def _explained(exc: BaseException, label: str) -> TrainingError:
@@ -126,23 +159,18 @@ def _explained(exc: BaseException, label: str) -> TrainingError:
     return TrainingError(f"{label}: {type(exc).__name__}: {text}")
 
 
-def _featurize(  # noqa: PLR0917
-    path: str | None,
+def _featurize(
+    part: _Partition,
     traces: list[Trace] | None,
-    label: str,
     labels_from_rewards: bool,
     nets: SafetyConfig | None,
     evidence: Evidence = DEFAULT_EVIDENCE,
 ) -> DecisionPart:
+    where = _Where(part, traces)
     try:
-        return decision_part(
-            _Partition(label, path).read(traces),
-            labels_from_rewards=labels_from_rewards,
-            nets=nets,
-            evidence=evidence,
-        )
+        return decision_part(where, labels_from_rewards=labels_from_rewards, nets=nets, evidence=evidence)
     except (StopServeError, OSError) as exc:
-        raise _explained(exc, label) from None
+        raise _explained(exc, where.label) from None
 
 
 def _matrix(part: DecisionPart) -> FloatArray:
@@ -205,9 +233,8 @@ def _dump_policies(objs: list[Any]) -> bytes:
 
 def _replay_part(
     *,
-    path: str | None,
+    part: _Partition,
     traces: list[Trace] | None,
-    label: str,
     offsets: IntArray,
     table: IntArray,
     policies: bytes,
@@ -215,16 +242,17 @@ def _replay_part(
     matrix: FloatArray | None,
 ) -> IntArray:
     objs = pickle.loads(policies)  # built by this client's _dump_policies (see _PolicyPickler)
+    where = _Where(part, traces)
     try:
         return replay_stops(
-            _Partition(label, path).read(traces),
+            where,
             offsets,
             lambda i: [objs[k] for k in table[i]],
             objective=objective,
             X=matrix,
         )
     except (StopServeError, OSError) as exc:
-        raise _explained(exc, label) from None
+        raise _explained(exc, where.label) from None
 
 
 # --------------------------------------------------------------------------- early stopping, after the fact
@@ -279,7 +307,6 @@ class DaskBackend:
         _quiet_lightgbm()
         if cluster is not None:
             client.register_plugin(_worker_plugin(), name="stopserve-quiet-lightgbm")
-        self._counts: dict[str, int] = {}
         self._matrices: list[Any] = []
         self._bounds: IntArray = np.zeros(1, dtype=np.int64)
 
@@ -352,17 +379,37 @@ class DaskBackend:
     # ----------------------------------------------------------------- tasks
 
     def _partitions(self, source: TraceSource) -> list[_Partition]:
-        paths = source.paths
-        if paths is not None:
-            return [_Partition(str(p), path=str(p)) for p in paths]
+        """The source's traces in the canonical order, cut every :data:`TRACES_PER_PARTITION`."""
+        if source.paths is not None:
+            places = self._places(source)
+            parts = []
+            for start in range(0, len(places), TRACES_PER_PARTITION):
+                chunk = tuple(places[start : start + TRACES_PER_PARTITION])
+                label = f"traces {start}-{start + len(chunk) - 1} by id (from {_files(chunk)})"
+                parts.append(_Partition(label, places=chunk, n_traces=len(chunk)))
+            return parts
         traces = source.traces or []
         parts = []
         for start in range(0, len(traces), TRACES_PER_PARTITION):
-            chunk = traces[start : start + TRACES_PER_PARTITION]
-            label = f"traces {start}-{start + len(chunk) - 1} (in memory)"
-            future = self.client.scatter(chunk, hash=False)
-            parts.append(_Partition(label, traces=future, n_traces=len(chunk)))
+            held = traces[start : start + TRACES_PER_PARTITION]
+            label = f"traces {start}-{start + len(held) - 1} by id (in memory)"
+            future = self.client.scatter(held, hash=False)
+            parts.append(_Partition(label, traces=future, n_traces=len(held)))
         return parts
+
+    def _places(self, source: TraceSource) -> list[Place]:
+        """The source's places, each file indexed by a task on the cluster (once per source)."""
+
+        def index(fn: Callable[[str], FileIndex], paths: list[str]) -> list[FileIndex]:
+            token = _token()
+            futures = [self.client.submit(fn, p, key=f"index-{i}-{token}") for i, p in enumerate(paths)]
+            got: list[FileIndex] = self._gather(futures, paths, "index")
+            return got
+
+        try:
+            return source.places(index)
+        except TraceError as exc:  # as a task's error would be: every bad trace listed
+            raise TrainingError(exc.message, exc.issues) from None
 
     def _gather(self, futures: list[Any], labels: list[str], what: str) -> list[Any]:
         """Every task's result, in order; the first error names its partition."""
@@ -400,18 +447,17 @@ class DaskBackend:
 
     def _featurize(
         self,
-        source: TraceSource,
+        source: TraceSource | list[_Partition],
         labels_from_rewards: bool,
         nets: SafetyConfig | None,
         evidence: Evidence = DEFAULT_EVIDENCE,
     ) -> tuple[list[_Partition], list[Any]]:
-        parts = self._partitions(source)
+        parts = self._partitions(source) if isinstance(source, TraceSource) else source
         futures = [
             self.client.submit(
                 _featurize,
-                p.path,
+                p,
                 p.traces,
-                p.label,
                 labels_from_rewards,
                 nets,
                 evidence,
@@ -440,7 +486,6 @@ class DaskBackend:
         parts, futures = self._featurize(source, labels_from_rewards, nets, evidence)
         labels = [p.label for p in parts]
         got: list[DecisionPart] = self._gather(futures, labels, "decision points")
-        self._counts.update({label: g.n_traces for label, g in zip(labels, got, strict=True)})
         self._matrices = [
             self.client.submit(_matrix, f, key=f"matrix-{i}-{_token()}") for i, f in enumerate(futures)
         ]
@@ -484,7 +529,7 @@ class DaskBackend:
     ) -> IntArray:
         """The replay through ``decide`` mapped over the partitions; stop rows as :func:`replay_decide`."""
         parts = self._partitions(source)
-        counts = [p.n_traces if p.path is None else self._counts.get(p.label) for p in parts]
+        counts = [p.n_traces for p in parts]
         if any(c is None for c in counts) or sum(c or 0 for c in counts) != dp.n_traces:
             raise TrainingError(
                 f"replay: the partitions hold {counts} traces, the decision points {dp.n_traces}: "
@@ -515,9 +560,8 @@ class DaskBackend:
             futures.append(
                 self.client.submit(
                     _replay_part,
-                    path=p.path,
+                    part=p,
                     traces=p.traces,
-                    label=p.label,
                     offsets=offsets,
                     table=table[t0:t1],
                     policies=blob,
@@ -759,6 +803,9 @@ def write_parquet(
 ) -> tuple[int, int, str]:
     """Decision points as ``out_dir/part-NNNNN.parquet``, one per input file; (rows, files, cost unit).
 
+    Each file's traces in its own order, as ``stopserve features`` writes its CSV (an export,
+    not a fit: nothing here depends on the order).
+
     The columns of ``stopserve features`` CSV (:func:`~stopserve.training.labels.feature_columns`),
     the cost unit chosen over every file. Written to a temporary folder beside
     ``out_dir`` and renamed into place: a failure leaves nothing. With a ``backend``,
@@ -772,19 +819,19 @@ def write_parquet(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        files = [_Partition(str(p), path=str(p)) for p in source.paths or []]
         if backend is None:
-            paths = source.paths or []
-            parts = [_featurize(str(p), None, str(p), labels_from_rewards, None) for p in paths] or [
+            parts = [_featurize(f, None, labels_from_rewards, None) for f in files] or [
                 decision_part(iter(source), labels_from_rewards=labels_from_rewards)
             ]
-            labels = [str(p) for p in paths] or ["traces (in memory)"]
+            labels = [f.label for f in files] or ["traces (in memory)"]
             unit = choose_cost_unit([_flags(part) for part in parts], cost_unit)
             rows = [
                 _write_part(part, unit, str(tmp / f"part-{i:05d}.parquet"), label)
                 for i, (part, label) in enumerate(zip(parts, labels, strict=True))
             ]
         else:
-            partitions, futures = backend._featurize(source, labels_from_rewards, None)
+            partitions, futures = backend._featurize(files or source, labels_from_rewards, None)
             labels = [p.label for p in partitions]
             flags = backend._gather(
                 [

@@ -33,6 +33,7 @@ restores the champion before it. One retrain runs at a time per store (a lock).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -110,6 +111,15 @@ def _lines(paths: Sequence[Path]) -> Iterator[bytes]:
                     yield line
 
 
+def _ends(path: Path) -> tuple[str | None, str | None]:
+    """The trace ids of the first and the last run in a JSON Lines file, in its order."""
+    first = last = None
+    for line in _lines([path]):
+        last = str(orjson.loads(line).get("trace_id"))
+        first = first or last
+    return first, last
+
+
 @dataclass(frozen=True)
 class _Split:
     """The logged runs a retrain reads, written to its work directory (see :func:`_split`)."""
@@ -150,7 +160,11 @@ def _split(paths: Sequence[Path], holdout: float, work: Path, after: str | None 
         for key in ("service_lambda", "service_cost_share"):
             if key in m:
                 objectives.add((key, float(m[key])))
-    order, by = recency_order(metrics)
+    keys = [
+        (tid, hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest())
+        for tid, d in zip(ids, parsed, strict=True)
+    ]
+    order, by = recency_order(metrics, keys)
     train, held = work / "train.jsonl", work / "holdout.jsonl"
     with train.open("wb") as a, held.open("wb") as b:
         for rank, i in enumerate(order):
@@ -165,16 +179,21 @@ def _split(paths: Sequence[Path], holdout: float, work: Path, after: str | None 
     return _Split(train, held, n - n_hold, n_hold, objectives, by, ids[-1] if ids else None, since, n_since)
 
 
-def recency_order(metrics: Sequence[Mapping[str, Any]]) -> tuple[list[int], str]:
+def recency_order(
+    metrics: Sequence[Mapping[str, Any]], keys: Sequence[tuple[str, str]] | None = None
+) -> tuple[list[int], str]:
     """The logged runs (their ``metrics``, in log order) from oldest to most recent, and by what.
 
     By when each run started (``service_started``) when every run says so (``"started"``), else
     by when it was logged (``"logged"``). The last ``holdout`` share of this order is judged on.
+    Runs that started at the same time are ordered by ``keys`` (trace id, content digest: as
+    training orders traces), else by their place in the log.
     """
     started = [v for m in metrics if isinstance(v := m.get("service_started"), int | float)]
     if not metrics or len(started) < len(metrics):
         return list(range(len(metrics))), "logged"
-    return sorted(range(len(metrics)), key=lambda i: (float(started[i]), i)), "started"
+    tie = keys if keys is not None else [("", "")] * len(metrics)
+    return sorted(range(len(metrics)), key=lambda i: (float(started[i]), tie[i], i)), "started"
 
 
 def _objective(args: argparse.Namespace, objectives: set[tuple[str, float]]) -> str:
@@ -526,6 +545,7 @@ def judge(
     )
     dp = ev.dp
     n = dp.n_traces
+    first, last = _ends(held)
     champ = ev.estimates["champion"]
     names = ["candidate", *(heuristics if heuristics_compete else ())]
     diffs = {name: ev.difference(name, "champion", GATE_ESTIMATOR) for name in names}
@@ -572,9 +592,10 @@ def judge(
     evidence = {
         "lambda": lam,
         "cost_unit": dp.cost_unit,
+        # the oldest and the most recent run judged on (the decision points hold them by id)
         "judged_on": {
-            "first": str(dp.trace_id[0]),
-            "last": str(dp.trace_id[-1]),
+            "first": first,
+            "last": last,
             "groups": len(set(dp.group.tolist())),
         },
         "estimates": ev.to_dict()["policies"],

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from stopserve.errors import TrainingError
 from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.trace import read_traces
+from stopserve.training.backend import LocalBackend
 from stopserve.training.evaluate import evaluate
 from stopserve.training.fit import PolicyLearner, TraceSource, bootstrap_diff
 from stopserve.training.labels import assemble_decision_points, build_decision_points, decision_part
@@ -264,8 +266,25 @@ def test_traces_in_memory_are_partitioned_too(backend: DaskBackend, sim_files: l
         nets=None,
         normalize_cost=False,
     )
-    want = build_decision_points(traces)
+    want = build_decision_points(iter(source))  # in the canonical order, as on one machine
     assert np.array_equal(dp.X, want.X, equal_nan=True) and np.array_equal(dp.offsets, want.offsets)
+    assert dp.trace_id.tolist() == sorted(t.trace_id for t in traces)
+
+
+def test_partitions_are_the_canonical_order_whatever_the_file_order(
+    backend: DaskBackend, sim_files: list[Path]
+) -> None:
+    options = {"labels_from_rewards": False, "group_by": "task", "progress": False, "nets": None}
+
+    def points(b: Any, files: list[Path]) -> Any:
+        source = TraceSource([str(f) for f in files])
+        return b.decision_points(source, cost_unit="ktokens", normalize_cost=False, **options)
+
+    got = [points(backend, files) for files in (sim_files, sim_files[::-1])]
+    here = points(LocalBackend(), sim_files[::-1])
+    for dp in [*got[1:], here]:
+        assert dp.trace_id.tolist() == got[0].trace_id.tolist()
+        assert np.array_equal(dp.X, got[0].X, equal_nan=True) and np.array_equal(dp.q, got[0].q)
 
 
 # --------------------------------------------------------------------------- Parquet

@@ -283,10 +283,13 @@ def test_a_folds_base_rule_never_depends_on_that_folds_own_traces(traces: list[T
     from stopserve.training.heuristics import group_folds
 
     dp = learner.dp_
-    fold = group_folds(dp.group, FAST["folds"], 0)
+    # the decision points hold the traces in the canonical order (by id), not as given
+    fold = dict(zip(dp.trace_id.tolist(), group_folds(dp.group, FAST["folds"], 0).tolist(), strict=True))
     flipped = [
-        t.model_copy(update={"rewards": {"team": 1.0 - float(t.rewards["team"])}}) if fold[i] == 0 else t
-        for i, t in enumerate(traces)
+        t.model_copy(update={"rewards": {"team": 1.0 - float(t.rewards["team"])}})
+        if fold[t.trace_id] == 0
+        else t
+        for t in traces
     ]
     again = (
         PolicyLearner(objective=Objective(lam=2.0), method="optimal", **FAST).fit(flipped).cv_["fold_choices"]

@@ -79,9 +79,10 @@ def test_the_card_and_the_command_say_what_the_floor_did(traces: list[Trace], tm
         cmd = [sys.executable, "-m", "stopserve", "train", str(path), "-o", str(out), *common, *extra]
         return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
 
-    done = train(tmp_path / "floored")
+    # a floor of 0.1 point: on these runs the learned model loses more, whatever the input order
+    done = train(tmp_path / "floored", "--max-success-loss", "0.001")
     assert done.returncode == 0, done.stderr
-    assert "floors (--max-success-loss, --max-value-loss): success 0.01" in done.stderr
+    assert "floors (--max-success-loss, --max-value-loss): success 0.001" in done.stderr
     assert "outside: refused" in done.stderr
     card = (tmp_path / "floored" / "MODEL_CARD.md").read_text()
     assert "## Success floor" in card and "**outside: refused**" in card

@@ -83,7 +83,8 @@ def test_features_come_from_the_live_featurizer_at_each_decision_point() -> None
 
 
 def test_loop_flag_marks_a_stuck_run() -> None:
-    dp = build_decision_points([step_trace("loop", "t", 8, loop_from=2), step_trace("ok", "u", 8)])
+    # ten steps, a loop from the second: past the threshold and its two nudges
+    dp = build_decision_points([step_trace("loop", "t", 10, loop_from=2), step_trace("ok", "u", 10)])
     assert dp.loop[: dp.offsets[1]].any()
     assert not dp.loop[dp.offsets[1] :].any()
     assert not dp.loop[:2].any()

@@ -16,7 +16,13 @@ from stopserve.trace import Trace, write_traces
 from stopserve.training.backend import TraceSource
 from stopserve.training.fit import PolicyLearner
 
-FAST: dict[str, Any] = {"folds": 3, "max_rounds": 20, "n_boot": 200, "seed": 3}
+FAST: dict[str, Any] = {
+    "folds": 3,
+    "max_rounds": 20,
+    "n_boot": 200,
+    "seed": 3,
+    "floors": None,
+}  # no success floor: a learned model to compare
 
 
 @pytest.fixture(scope="module")

@@ -246,7 +246,7 @@ class LoopConfig(BaseModel):
                 left = threshold + nudge - run
                 return (
                     f"you have repeated the same step {run} times in a row ({_NUDGE_WORDS[pattern]}): "
-                    f"it is not working; try something different. stopserve stops the run if it "
+                    f"it is not working; try something different. The run is stopped if it "
                     f"repeats {left} more time{'s' * (left != 1)}"
                 )
         return None

@@ -56,6 +56,7 @@ __all__ = [
     "HookInput",
     "block_output",
     "end_output",
+    "nudge_output",
     "parse_input",
     "refuse_output",
 ]
@@ -239,6 +240,28 @@ def end_output(inp: HookInput, reason: str) -> dict[str, Any]:
         "systemMessage": reason,
         "hookSpecificOutput": _deny(reason),
     }
+
+
+def nudge_output(inp: HookInput, nudge: str) -> dict[str, Any] | None:
+    """Tell the agent, after a call, that it repeats itself (``None``: not after a call).
+
+    Claude Code (``PostToolUse``, ``PostToolUseFailure``): ``additionalContext``, which the
+    model reads beside the call's result. Codex (``PostToolUse``): ``decision: block``,
+    whose reason replaces the output the model sees: the reason is the nudge, then the
+    output unchanged (``tests/harness`` checks both on the real binaries).
+    """
+    if inp.event not in ("PostToolUse", "PostToolUseFailure"):
+        return None
+    if inp.harness == "codex":
+        if inp.event != "PostToolUse":
+            return None
+        output = (
+            inp.tool_response
+            if isinstance(inp.tool_response, str)
+            else orjson.dumps(inp.tool_response).decode()
+        )
+        return {"decision": "block", "reason": f"{nudge}\n\nThe output, unchanged:\n{output}"}
+    return {"hookSpecificOutput": {"hookEventName": inp.event, "additionalContext": nudge}}
 
 
 def refuse_output(reason: str) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from stopserve.hooks.protocol import (
     HookInput,
     block_output,
     end_output,
+    nudge_output,
     parse_input,
 )
 from stopserve.hooks.state import StateDir
@@ -81,6 +82,7 @@ _DECISION_KEYS: Final = (
     "degraded",
     "proposal",
     "message",
+    "nudge",
 )
 
 
@@ -476,8 +478,13 @@ def _answer(
     if decision is None:
         return None
     if decision["action"] != "stop" or not (decision.get("safety_net") or opts.end_on_model_stop):
-        record["outcome"] = "continue"
-        return None
+        nudge = decision.get("nudge") if decision["action"] == "continue" else None
+        told = nudge_output(inp, nudge) if isinstance(nudge, str) and nudge else None
+        if told is None:
+            record["outcome"] = "continue"
+            return None
+        record.update(reason_text=nudge, outcome="would nudge" if shadow else "nudge")
+        return None if shadow else told
     what = fired(decision, mapper.facts)
     loop = decision.get("reason") == "loop_detected"
     reason = end_text(what, harness=inp.harness, event=inp.event, loop=loop)

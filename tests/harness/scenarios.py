@@ -8,6 +8,7 @@ model does when a hook tells it to stop calling tools.
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import threading
@@ -40,6 +41,20 @@ def loop(command: str) -> Callable[[View], Step]:
         if _stopped(view.last_result) or len(view.results) >= MAX_LOOP:
             return Say("The command gives the same result every time; I am stopping here to report it.")
         return _shell(view.api, command)
+
+    return script
+
+
+def heeds_nudges(command: str) -> Callable[[View], Step]:
+    """The same shell command until the agent is told it repeats itself (a nudge, anywhere in
+    the request); then another command, and a finished answer."""
+
+    def script(view: View) -> Step:
+        if "try something different" not in json.dumps(view.body):
+            return _shell(view.api, command) if len(view.results) < MAX_LOOP else Say("Giving up.")
+        if "total " not in view.last_result:  # ls -la's first line
+            return _shell(view.api, "ls -la")
+        return Say("Done: the config file is missing; I listed the directory instead.")
 
     return script
 

@@ -12,11 +12,14 @@ import re
 from pathlib import Path
 
 from harnesses import HarnessRun, hook_records, run_claude
-from scenarios import FAILING, SUCCEEDING, finished, hung_port, loop, subagent, verify_then_stop
+from scenarios import FAILING, SUCCEEDING, finished, heeds_nudges, hung_port, loop, subagent, verify_then_stop
 from scripted import Tool
 from servers import LiveServer, free_port
 
-MAX_CALLS = 8  # a loop must be ended within this many tool calls
+from stopserve.safety import LoopConfig
+
+# a loop must be ended within this many tool calls: the threshold, its nudges, one refused call
+MAX_CALLS = LoopConfig().repeated_action_observation + LoopConfig().nudge + 1
 
 
 def _install(url: str, state: Path, *extra: str) -> list[str]:
@@ -133,3 +136,29 @@ def test_http_hooks_end_a_loop_through_the_service(claude: Path, service: LiveSe
     via = [r for r in hook_records(state) if r.get("session_id") == run.result()["session_id"]]
     assert via and all(r.get("via") == "http" for r in via)
     assert not (home / ".cache").exists() or not list((home / ".cache").rglob("decisions.jsonl"))
+
+
+def _nudged_requests(run: HarnessRun) -> list[int]:
+    """Which model requests (by index) carried a nudge."""
+    import json
+
+    return [i for i, r in enumerate(run.model.log) if "try something different" in json.dumps(r["view"].body)]
+
+
+def test_a_loop_is_nudged_first_and_a_model_that_heeds_it_is_not_ended(
+    claude: Path, service: LiveServer, tmp_path: Path
+) -> None:
+    """At the threshold the hook answers ``additionalContext``: Claude Code hands it to the model."""
+    for command, event in ((SUCCEEDING, "PostToolUse"), (FAILING, "PostToolUseFailure")):
+        state = tmp_path / f"state-{event}"
+        run = run_claude(
+            tmp_path / f"home-{event}", heeds_nudges(command), install=_install(service.url, state)
+        )
+        records = hook_records(state)
+        nudges = [r for r in records if r.get("outcome") == "nudge"]
+        assert nudges and nudges[0]["event"] == event, [(r["event"], r.get("outcome")) for r in records]
+        assert "try something different" in nudges[0]["reason_text"]
+        assert _nudged_requests(run), "the model never read the nudge"
+        assert not any(r.get("outcome") in ("end", "refuse (run ended this turn)") for r in records), records
+        assert run.result().get("terminal_reason") != "hook_stopped", run.result()
+        assert run.tool_calls() == LoopConfig().repeated_action_observation + 1, run.steps  # then ls -la

@@ -17,12 +17,13 @@ import sys
 from pathlib import Path
 
 from harnesses import HarnessRun, binary, hook_records, run_codex
-from scenarios import FAILING, SUCCEEDING, finished, hung_port, loop, verify_then_stop
+from scenarios import FAILING, SUCCEEDING, finished, heeds_nudges, hung_port, loop, verify_then_stop
 from servers import LiveServer, free_port
 
 from stopserve.safety import LoopConfig
 
-MAX_CALLS = 8
+# a loop must be ended within this many tool calls: the threshold, its nudges, one refused call
+MAX_CALLS = LoopConfig().repeated_action_observation + LoopConfig().nudge + 1
 
 
 def _install(url: str, state: Path, *extra: str) -> list[str]:
@@ -80,7 +81,8 @@ def test_a_stubborn_model_is_refused_every_further_call(
     records = hook_records(state)
     ran = [r for r in records if r["event"] == "PostToolUse"]
     refused = [r for r in records if r["event"] == "PreToolUse" and r["outcome"].startswith("refuse")]
-    n = LoopConfig().repeated_action_error  # the loop is seen at its n-th failure; the rest are refused
+    # the loop is ended at its threshold's failure after the nudges; the rest are refused
+    n = LoopConfig().repeated_action_error + LoopConfig().nudge
     assert len(ran) == n and len(refused) == 12 - n, [(r["event"], r["outcome"]) for r in records]
 
 
@@ -203,3 +205,25 @@ def test_codex_exec_runs_no_untrusted_hook_and_doctor_says_so(
     assert "trusted again" in run.extra["install"]
     rc, out = _doctor(home)
     assert rc == 1 and "changed since it was trusted" in out, out
+
+
+def test_a_loop_is_nudged_first_and_a_model_that_heeds_it_is_not_ended(
+    codex: Path, service: LiveServer, tmp_path: Path
+) -> None:
+    """At the threshold the hook answers ``decision: block``: the model reads the nudge, then the output."""
+    state = tmp_path / "state"
+    run = run_codex(tmp_path / "home", heeds_nudges(FAILING), install=_install(service.url, state))
+    _turn_completed(run)
+    records = hook_records(state)
+    nudges = [r for r in records if r.get("outcome") == "nudge"]
+    assert nudges and nudges[0]["event"] == "PostToolUse", [(r["event"], r.get("outcome")) for r in records]
+    told = [
+        r["view"].results[-1]
+        for r in run.model.log
+        if any("try something different" in x for x in r["view"].results)
+    ]
+    assert told and "The output, unchanged:" in told[0] and "No such file" in told[0], told
+    assert not any(r.get("outcome") in ("end",) or r["outcome"].startswith("refuse") for r in records), (
+        records
+    )
+    assert run.tool_calls() == LoopConfig().repeated_action_error + 1, run.steps  # then ls -la

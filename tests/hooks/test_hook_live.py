@@ -108,7 +108,9 @@ def test_a_looping_run_is_ended_from_a_tool_hook(server: LiveServer, tmp_path: P
     command = {"command": "pytest -x tests/test_io.py", "description": "run the failing test"}
     response = {"stdout": "1 failed: test_roundtrip", "stderr": "", "interrupted": False, "isImage": False}
     answers = []
-    n = LoopConfig().repeated_action_observation  # the same call with the same output: a loop at n
+    loop = LoopConfig()
+    first = loop.repeated_action_observation  # the same call with the same output: a loop at first,
+    n = first + loop.nudge  # nudged until n
     for i in range(n + 1):
         call_id = f"toolu_loop{i}"
         s.call(call_id, "Bash", command)
@@ -121,7 +123,14 @@ def test_a_looping_run_is_ended_from_a_tool_hook(server: LiveServer, tmp_path: P
         )
         if not i % 2:
             s.result(call_id, response)
-    assert [a.answer is None for a in answers[: n - 1]] == [True] * (n - 1)
+    assert [a.answer is None for a in answers[: first - 1]] == [True] * (first - 1)
+    for nudged in answers[first - 1 : n - 1]:  # the model reads a nudge beside the result
+        assert nudged.answer is not None, answers
+        context = nudged.answer["hookSpecificOutput"]
+        assert (
+            context["hookEventName"] == "PostToolUse"
+            and "try something different" in context["additionalContext"]
+        )
     told = answers[n - 1].answer  # after the call: the model is told to report and finish
     assert told is not None and told["decision"] == "block"
     assert "loop detected" in told["reason"] and "pytest -x tests/test_io.py" in told["reason"]
@@ -169,7 +178,7 @@ def test_shadow_mode_never_blocks_and_the_report_joins_labels(
     assert run_hook("claude-code", s.stop(), url=server.url, state=state, args=shadow).answer is None
     command = {"command": "make docs"}
     response = {"stdout": "error: missing file", "stderr": "", "interrupted": False, "isImage": False}
-    for i in range(LoopConfig().repeated_action_observation + 1):
+    for i in range(LoopConfig().repeated_action_observation + LoopConfig().nudge + 1):  # past the nudges
         s.call(f"toolu_d{i}", "Bash", command)
         result = run_hook(
             "claude-code",
@@ -324,17 +333,22 @@ def test_codex_stop_and_loop(server: LiveServer, tmp_path: Path, state: Path) ->
     blocked = run_hook("codex", s.stop(last), url=server.url, state=state)
     assert blocked.answer is not None and blocked.answer["decision"] == "block"
     answers = []
-    n = LoopConfig().repeated_action_error  # the same call failing: a loop at n
+    first = LoopConfig().repeated_action_error  # the same call failing: a loop at first, nudged,
+    n = first + LoopConfig().nudge  # then ended at n
     for i in range(n + 1):
         s.shell_call(f"call_{i}", "cargo test")
         out = s.shell_output(f"call_{i}", 101, "test result: FAILED. 0 passed; 1 failed")
         answers.append(
             run_hook("codex", s.post_tool(f"call_{i}", "cargo test", out), url=server.url, state=state).answer
         )
-    ended = next(a for a in answers if a is not None)
+    assert answers[: first - 1] == [None] * (first - 1)
+    for nudged in answers[first - 1 : n - 1]:  # the nudge, then the output unchanged
+        assert nudged is not None and nudged["decision"] == "block", answers
+        assert "try something different" in nudged["reason"] and "The output, unchanged:" in nudged["reason"]
+    ended = answers[n - 1]
     # exit code 101 each time: the same failing call, n times in a row. Codex acts on no
     # `continue: false` from a tool hook: the model is told (the reason replaces the output)
-    assert answers.index(ended) == n - 1 and ended["decision"] == "block"
+    assert ended is not None and ended["decision"] == "block"
     assert "the same call failed again and again (last: Bash: cargo test)" in ended["reason"]
     assert "Do not call more tools" in ended["reason"]
     assert records(state)[n]["pattern"] == "repeated_action_error"

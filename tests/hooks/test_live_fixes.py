@@ -42,7 +42,7 @@ def test_codex_a_failing_command_is_a_failure_although_the_hook_sees_only_its_te
     item_completed event, written before the hook runs (the output line only after it)."""
     s = CodexSession(tmp_path / "sessions", "019e0000-bbbb-7000-8000-000000000004")
     s.user("read the config")
-    for i in range(LoopConfig().repeated_action_error):
+    for i in range(LoopConfig().repeated_action_error + LoopConfig().nudge):  # past the nudges
         s.shell_call(f"call_{i}", "cat /nonexistent/config.yaml")
         body = s.command_done(f"call_{i}", 1, "cat: /nonexistent/config.yaml: No such file or directory\n")
         answer = run_hook(
@@ -183,7 +183,7 @@ def test_the_http_hook_gives_the_command_hooks_answers(server: LiveServer, tmp_p
     assert "no tool was used yet" in blocked.json()["reason"]
     command = {"command": "echo same", "description": "again"}
     answers = []
-    for i in range(LoopConfig().repeated_action_observation):
+    for i in range(LoopConfig().repeated_action_observation + LoopConfig().nudge):  # past the nudges
         s.call(f"toolu_h{i}", "Bash", command)
         answers.append(
             _post(server.url, s.post_tool(f"toolu_h{i}", "Bash", command, {"stdout": "same"})).json()
@@ -215,7 +215,7 @@ def test_the_http_hook_without_the_transcript_decides_from_the_input(
         "tool_input": {"command": "echo same"},
         "tool_response": {"stdout": "same", "stderr": ""},
     }
-    n = LoopConfig().repeated_action_observation
+    n = LoopConfig().repeated_action_observation + LoopConfig().nudge  # past the nudges
     answers = [_post(server.url, {**payload, "tool_use_id": f"t{i}"}).json() for i in range(n)]
     assert any(a.get("decision") == "block" for a in answers)  # the loop is still seen
     state = Path(server.env["STOPSERVE_HOOK_STATE_DIR"])

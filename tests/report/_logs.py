@@ -51,7 +51,10 @@ def _loop(c: httpx.Client, run_id: str) -> dict[str, Any]:
             },
         ]
         t += 2
-        answer = c.post(f"/v1/runs/{run_id}/decide", json={"events": events}).raise_for_status().json()
+        # the loop detector at its threshold, no nudges: the loop is the rule's (the model would
+        # otherwise stop it first, at the same step)
+        body = {"events": events, "safety": {"loop": {"nudge": 0}}}
+        answer = c.post(f"/v1/runs/{run_id}/decide", json=body).raise_for_status().json()
         if answer["action"] == "stop":
             break
     return answer

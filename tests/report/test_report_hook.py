@@ -19,7 +19,7 @@ def test_hook_report_html_shows_sessions_blocks_and_the_loop_a_tool_hook_ended(t
         s.user("Make the tests pass")
         command = {"command": "pytest -x tests/test_io.py", "description": "run the failing test"}
         response = {"stdout": "1 failed", "stderr": "", "interrupted": False, "isImage": False}
-        for i in range(LoopConfig().repeated_action_observation):
+        for i in range(LoopConfig().repeated_action_observation + LoopConfig().nudge):  # past the nudges
             s.call(f"toolu_{i}", "Bash", command)
             call = s.post_tool(f"toolu_{i}", "Bash", command, response)
             run_hook("claude-code", call, url=server.url, state=state)

@@ -4,7 +4,9 @@
 file it has read (known by device and inode, so a rotation -- a rename -- is followed), the
 offset of the first byte it has not read. A look (:meth:`LiveLogs.page`) reads the bytes
 appended since the last look, folds them, and draws the page; with nothing new it draws from
-the same summary (cached for ``ttl_s``). The work of a look is bounded:
+the same summary. Every look checks for new bytes (a ``stat`` per log when nothing is new), so
+a reload shows every line the service has written; ``ttl_s`` > 0 would let looks that close
+together share one check. The work of a look is bounded:
 
 - the first look reads at most ``window_bytes`` of each log (decisions, traces), the newest:
   a 1 GB log is not read whole for a page (``stopserve report`` reads it whole);
@@ -54,7 +56,7 @@ class LiveLogs:
         model_store: Path | None = None,
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         max_runs: int = DEFAULT_MAX_RUNS,
-        ttl_s: float = 1.0,
+        ttl_s: float = 0.0,
         title: str = "stopserve live",
     ) -> None:
         self.log_dir = log_dir

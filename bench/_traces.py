@@ -61,7 +61,7 @@ def synthetic(path: Path, n_points: int, seed: int = 0) -> tuple[int, int]:
 
 def make(path: Path, n_points: int, seed: int = 0) -> tuple[int, int, str]:
     """Traces with at least ``n_points`` decision points; (traces, points, how they were made)."""
-    if isinstance(load("stopserve.training.simulate", "simulate_command"), str):
+    if isinstance(load("stopserve.cli.simulate", "simulate_command"), str):
         traces, points = synthetic(path, n_points, seed)
         return traces, points, "synthetic traces (stopserve.training.simulate not available yet)"
     pilot = path.with_suffix(".pilot.jsonl")

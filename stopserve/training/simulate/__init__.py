@@ -24,13 +24,12 @@ verifier is the best estimate a run can make, the truth scatters around it).
 
 The package: :mod:`~stopserve.training.simulate.topology` (the topologies' data),
 :mod:`~stopserve.training.simulate.optimal` (the exact DP solver),
-:mod:`~stopserve.training.simulate.generate` (traces, behavior stops, failure modes)
-and :mod:`~stopserve.training.simulate.cli` (the command).
+:mod:`~stopserve.training.simulate.generate`
+(traces, behavior stops, failure modes); the command is :mod:`stopserve.cli.simulate`.
 """
 
 from __future__ import annotations
 
-from stopserve.training.simulate.cli import simulate_command
 from stopserve.training.simulate.generate import (
     BEHAVIORS,
     DEFAULT_NOISE,
@@ -54,6 +53,5 @@ __all__ = [
     "model_for",
     "posterior_above",
     "simulate",
-    "simulate_command",
     "solve",
 ]

@@ -21,14 +21,14 @@ __all__ = ["build_parser", "main"]
 
 # command -> "module:function"; the function takes the parsed namespace, returns the exit code
 _RUNNERS: Final[dict[str, str]] = {
-    "validate": "stopserve.commands:validate",
-    "import": "stopserve.commands:import_traces",
+    "validate": "stopserve.cli.data:validate",
+    "import": "stopserve.cli.data:import_traces",
     "features": "stopserve.training.commands:features_command",
     "train": "stopserve.training.fit:train_command",
     "evaluate": "stopserve.training.evaluate:evaluate_command",
     "retrain": "stopserve.training.retrain:retrain_command",
     "rollback": "stopserve.training.retrain:rollback_command",
-    "simulate": "stopserve.training.simulate.cli:simulate_command",
+    "simulate": "stopserve.cli.simulate:simulate_command",
     "credit": "stopserve.training.credit:credit_command",
     "serve": "stopserve.service.app:serve_command",
     "report": "stopserve.report.commands:report_command",

@@ -16,7 +16,7 @@ training side chooses (repeated grouped CV), within the 90% paired interval of t
 difference; where the oracle is at least 0.05 above that heuristic, the shipped policy
 closes at least 25% of the room; on the simulator, at least 95% of the behavior -> optimum
 gap at every share, and at λ 0.1 and 1 on the documented protocol (docs/simulator.md: 2,000
-run-to-cap traces, ``--method optimal --min-turns 2``, ``stopserve.training.gap_report`` on
+run-to-cap traces, ``--method optimal --min-turns 2``, ``stopserve.cli.gap_report`` on
 2,000 fresh ones); on SWE, where a learned policy ships, at least 15% of the cost saved at
 no more than 0.5 point of success lost.
 Pareto charts (success against cost; the learned policy's cost-share sweep against
@@ -179,7 +179,7 @@ def _protocol(work: Path, size: str) -> list[list[Any]]:
         run(
             stopserve_cmd(*train, "--cost-unit", "ktokens", "--min-turns", "2", "--no-progress"), timeout=7200
         )
-        report_cmd = ["-m", "stopserve.training.gap_report", str(model), str(te), "--lambda", str(lam)]
+        report_cmd = ["-m", "stopserve.cli.gap_report", str(model), str(te), "--lambda", str(lam)]
         proc = run([sys.executable, *report_cmd, "--json"], timeout=3600)
         report = json.loads(proc.stdout)
         pooled = report["per_topology"]["pooled"]

@@ -1,4 +1,5 @@
-"""Bodies of the ``stopserve validate`` and ``stopserve import`` commands."""
+"""``stopserve validate``, ``stopserve import`` and ``stopserve features``: traces in, checked,
+converted or featurized."""
 
 from __future__ import annotations
 
@@ -7,18 +8,86 @@ import collections
 import os
 import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from stopserve.cli._args import TRACES_HELP, dask_options, label_options, no_progress, positive_int
 from stopserve.errors import ImporterError, TraceFormatError
-from stopserve.progress import progress
-from stopserve.trace import Trace, TraceWriter, scan
 
-__all__ = ["import_traces", "validate"]
+if TYPE_CHECKING:
+    from stopserve.trace import Trace
+
+__all__ = ["IMPORT_FORMATS", "add_parsers", "features_command", "import_traces", "validate"]
+
+IMPORT_FORMATS: Final = (
+    "survey",
+    "mini-swe-agent",
+    "openai-chat",
+    "otel",
+    "mint",
+    "intercode",
+    "claude-code",
+    "codex",
+)
 
 _T = TypeVar("_T")
 
 #: skipped sources listed one by one before the rest are only counted
 _SHOW_SKIPS = 20
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``validate``, ``import`` and ``features`` to ``sub``."""
+    p = sub.add_parser("validate", help="check trace files against format v1; list every error")
+    p.add_argument("files", nargs="+", metavar="FILE", help=TRACES_HELP)
+    p.add_argument("--strict", action="store_true", help="reject unknown top-level fields")
+    p.add_argument(
+        "--max-errors", type=positive_int, default=1000, help="stop listing problems after this many"
+    )
+    no_progress(p)
+
+    p = sub.add_parser(
+        "import",
+        help="convert a foreign trace format to format v1 JSON Lines",
+        description="Convert a foreign trace format to format v1 JSON Lines (docs/trace-format.md). "
+        "A run that cannot be converted is skipped and listed on stderr with its file and field; "
+        "the summary line counts the skips by reason.",
+        epilog="Exit status: 0 when traces were written, skips or not; 1 with --strict when any run "
+        "was skipped (the others are still written); 2 when nothing could be imported.",
+    )
+    p.add_argument("format", choices=IMPORT_FORMATS, help="the source format")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="files or folders to read")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="output .jsonl or .jsonl.gz")
+    p.add_argument("--results", metavar="FILE", help="mini-swe-agent: results summary with resolved flags")
+    p.add_argument("--reports", metavar="DIR", help="mini-swe-agent: folder of <id>.report.json files")
+    p.add_argument("--reward", type=float, help="openai-chat: reward for runs that carry none")
+    p.add_argument(
+        "--labels", metavar="FILE", help="claude-code, codex: session rewards (the hook's labels.jsonl)"
+    )
+    p.add_argument(
+        "--strict", action="store_true", help="exit 1 when any run was skipped (the rest is still written)"
+    )
+    p.add_argument(
+        "--no-sketch",
+        action="store_true",
+        help="leave out the similarity sketches of the texts (content hashes only; docs/trace-format.md)",
+    )
+    no_progress(p)
+
+    p = sub.add_parser(
+        "features", help="write the features and labels of every decision point as CSV or Parquet"
+    )
+    p.add_argument("traces", nargs="+", metavar="TRACES", help=TRACES_HELP)
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("-o", "--output", metavar="CSV", help="one CSV file")
+    out.add_argument(
+        "--parquet",
+        metavar="DIR",
+        help="a new folder of Parquet files, one per input file, the same columns as the CSV "
+        "(needs the dask extra)",
+    )
+    dask_options(p, "featurize on a Dask cluster, one task per input file")
+    label_options(p)
+    no_progress(p)
 
 
 def validate(args: argparse.Namespace) -> int:
@@ -28,6 +97,9 @@ def validate(args: argparse.Namespace) -> int:
     likely typos as ``warning:`` lines (an unknown field close to a known one: kept as an
     extra field; ``--strict`` makes them problems); the summary is the last line.
     """
+    from stopserve.progress import progress
+    from stopserve.trace import scan
+
     n_valid = n_invalid = n_unreadable = n_issues = n_warnings = 0
     shown = 0
     for path in args.files:
@@ -92,6 +164,8 @@ def import_traces(args: argparse.Namespace) -> int:
     (the rest is still written); 2 when nothing could be imported.
     """
     from stopserve.importers import IMPORTERS
+    from stopserve.progress import progress
+    from stopserve.trace import TraceWriter
 
     options: dict[str, Any] = {}
     if args.format == "mini-swe-agent":
@@ -156,3 +230,59 @@ def _reason(err: ImporterError) -> str:
     if err.issues:
         return err.issues[0].message
     return err.message
+
+
+def features_command(args: argparse.Namespace) -> int:
+    """``stopserve features TRACES (-o CSV | --parquet DIR) [--dask ADDRESS|local:N]``."""
+    from stopserve.training.labels import load_decision_points, write_features_csv
+
+    if args.parquet is not None or args.dask is not None:
+        return _features_dask(args)
+    dp = load_decision_points(
+        args.traces,
+        cost_unit=args.cost_unit,
+        labels_from_rewards=args.labels_from_rewards,
+        progress=not args.no_progress,
+    )
+    write_features_csv(dp, args.output)
+    return 0
+
+
+def _features_dask(args: argparse.Namespace) -> int:
+    """``features`` to Parquet, or on a Dask cluster (the dask extra)."""
+    from stopserve.cli.train import dask_backend
+    from stopserve.training.backend import TraceSource
+    from stopserve.training.distributed import write_parquet
+    from stopserve.training.labels import write_features_csv
+
+    source = TraceSource([str(p) for p in args.traces])
+    backend = dask_backend(args, progress=not args.no_progress)
+    try:
+        if args.parquet is not None:
+            n_rows, n_files, unit = write_parquet(
+                source,
+                args.parquet,
+                cost_unit=args.cost_unit,
+                labels_from_rewards=args.labels_from_rewards,
+                backend=backend,
+            )
+            print(
+                f"wrote {n_rows} decision points to {n_files} Parquet files in {args.parquet} ({unit})",
+                file=sys.stderr,
+            )
+            return 0
+        assert backend is not None  # CSV without --dask is features_command's own path
+        dp = backend.decision_points(
+            source,
+            cost_unit=args.cost_unit,
+            labels_from_rewards=args.labels_from_rewards,
+            group_by="task",
+            progress=False,
+            nets=None,
+            normalize_cost=False,
+        )
+        write_features_csv(dp, args.output)
+        return 0
+    finally:
+        if backend is not None:
+            backend.close()

@@ -17,7 +17,6 @@ Exit code 1 when something needs fixing, else 0.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fnmatch
 import http.client
@@ -35,7 +34,7 @@ from stopserve.errors import ConfigError
 from stopserve.hooks.install import EVENTS, HTTP_ROUTE, codex_handlers, is_ours, load_settings, settings_path
 from stopserve.hooks.state import StateDir
 
-__all__ = ["Finding", "check", "doctor_command", "summary"]
+__all__ = ["Finding", "check", "summary"]
 
 HARNESSES: Final = ("claude-code", "codex")
 
@@ -270,15 +269,3 @@ def summary(*, state_dir: str | None = None) -> list[str]:
         line = f"{harness} hooks: " + ("no problems found" if not problems else "; ".join(problems))
         out.append(line + "  (details: stopserve hook doctor)")
     return out
-
-
-def doctor_command(args: argparse.Namespace) -> int:
-    """``stopserve hook doctor [claude-code|codex]``."""
-    bad = False
-    marks = {"ok": "ok     ", "note": "note   ", "problem": "PROBLEM"}
-    for harness in [args.harness] if args.harness else list(HARNESSES):
-        print(f"{harness}:")
-        for f in check(harness, project=args.project, state_dir=args.state_dir):
-            bad = bad or f.level == "problem"
-            print(f"  {marks[f.level]} {f.text}")
-    return 1 if bad else 0

@@ -26,8 +26,6 @@ Uninstalling removes only our handlers (and the groups and events they leave emp
 
 from __future__ import annotations
 
-import argparse
-import math
 import os
 import re
 import shlex
@@ -44,8 +42,10 @@ from stopserve.hooks.state import replace_file
 
 __all__ = [
     "EVENTS",
+    "HANDLER_TIMEOUT",
     "HTTP_ROUTE",
     "InstallResult",
+    "check_url",
     "codex_handlers",
     "hook_command_line",
     "http_hook_url",
@@ -258,82 +258,13 @@ def check_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(
-            f"--url {url!r}: expected the service's http:// or https:// URL, e.g. http://127.0.0.1:8080"
+            f"url {url!r}: expected the service's http:// or https:// URL, e.g. http://127.0.0.1:8080"
         )
     try:
         parts.port  # noqa: B018 - raises ValueError on a port that is no number or out of range
     except ValueError as exc:
-        raise ConfigError(f"--url {url!r}: {exc}") from None
+        raise ConfigError(f"url {url!r}: {exc}") from None
     return url
-
-
-def install_command(args: argparse.Namespace) -> int:
-    """``stopserve hook install claude-code|codex``."""
-    check_url(args.url)  # a typo here would leave a hook that lets every stop through, silently
-    if args.http and args.harness != "claude-code":
-        raise ConfigError("--http: only Claude Code runs HTTP hooks; Codex needs the command hook")
-    if args.trust and args.harness != "codex":
-        raise ConfigError(
-            "--trust: only Codex asks to trust hooks; Claude Code runs installed hooks as they are"
-        )
-    options = _checked_options(args)
-    # the harness's own limit stays above the hook's, so the hook's fail-open answer arrives
-    handler_timeout = max(HANDLER_TIMEOUT, math.ceil(args.timeout or 0) + 2)
-    if args.http:
-        options.pop("state-dir", None)  # the service keeps its own (STOPSERVE_HOOK_STATE_DIR)
-        query = {k.replace("-", "_"): v for k, v in options.items()}
-        target = http_hook_url(args.url, query)
-        result = install(args.harness, project=args.project, url=target, timeout=handler_timeout)
-        shown = f"hook URL (POST): {target}"
-    else:
-        extra = [w for k, v in options.items() for w in ((f"--{k}",) if v == "" else (f"--{k}", v))]
-        command = hook_command_line(args.harness, url=args.url, extra=extra)
-        result = install(args.harness, command, project=args.project, timeout=handler_timeout)
-        shown = f"hook command: {command}"
-    if not result.changed:
-        print(f"{result.path}: stopserve's hooks are already installed; nothing changed")
-    else:
-        what = [
-            f"added {', '.join(result.added)}" if result.added else "",
-            f"updated {', '.join(result.updated)}" if result.updated else "",
-        ]
-        print(f"{result.path}: {'; '.join(w for w in what if w)}")
-        if result.backup:
-            print(f"backup of the previous file: {result.backup}")
-    print(shown)
-    if args.harness == "codex":
-        _codex_trust(args, result.path)
-    print(
-        f"the service must be running at {args.url} (stopserve serve); "
-        "until it is, the hook lets every stop through. Check with: stopserve hook doctor"
-    )
-    return 0
-
-
-def _checked_options(args: argparse.Namespace) -> dict[str, str]:
-    """The hook's options to install (name -> value; ``""`` for a flag), each checked now:
-    a typo must not wait for the first hook call to be found."""
-    out: dict[str, str] = {}
-    if args.mode != "enforce":
-        out["mode"] = args.mode
-    if args.state_dir:
-        out["state-dir"] = str(Path(args.state_dir).expanduser().resolve())
-    if args.max_blocks is not None:
-        out["max-blocks"] = str(args.max_blocks)
-    if args.timeout is not None:
-        out["timeout"] = f"{args.timeout:g}"
-    if args.lam is not None:
-        out["lambda"] = f"{args.lam:g}"
-    if args.safety is not None:
-        from stopserve.safety import SafetyConfig
-
-        SafetyConfig.from_dict(args.safety, source="--safety")  # a bad key or value: a clear error now
-        out["safety"] = orjson.dumps(args.safety).decode()
-    if args.end_on_model_stop:
-        out["end-on-model-stop"] = ""
-    if args.no_sketch:
-        out["no-sketch"] = ""
-    return out
 
 
 def codex_handlers(path: Path) -> list[tuple[str, int, int, dict[str, Any], str | None]]:
@@ -348,45 +279,3 @@ def codex_handlers(path: Path) -> list[tuple[str, int, int, dict[str, Any], str 
                 if is_ours(handler):
                     out.append((event, g, h, handler, matcher if isinstance(matcher, str) else None))
     return out
-
-
-def _codex_trust(args: argparse.Namespace, path: Path) -> None:
-    from stopserve.hooks.trust import codex_config_path, trust, trust_status
-
-    config = codex_config_path()
-    entries = trust_status(path, codex_handlers(path), config)
-    if args.trust:
-        written, backup = trust(entries, config)
-        if written:
-            print(
-                f"{config}: trusted {len(written)} stopserve hook(s)"
-                + (f" (backup: {backup})" if backup else "")
-            )
-        else:
-            print(f"{config}: stopserve's hooks were already trusted")
-        return
-    pending = [e for e in entries if e.status in ("untrusted", "modified")]
-    if not pending:
-        print(f"Codex trusts these hooks ({config}).")
-        return
-    changed = any(e.status == "modified" for e in pending)
-    print(
-        f"NOTE: Codex will not run {len(pending)} of these hooks until they are trusted"
-        + (" again (the command changed, so the earlier trust no longer holds)" if changed else "")
-        + ". `codex exec` runs no untrusted hook and says nothing. Either:\n"
-        "  - open `codex` and trust the stopserve entries in /hooks, or\n"
-        f"  - install again with --trust (stopserve writes their trusted_hash to {config}), or\n"
-        "  - for automation, run `codex exec --dangerously-bypass-hook-trust`."
-    )
-
-
-def uninstall_command(args: argparse.Namespace) -> int:
-    """``stopserve hook uninstall claude-code|codex``."""
-    result = uninstall(args.harness, project=args.project)
-    if not result.changed:
-        print(f"{result.path}: no stopserve hooks found; nothing changed")
-        return 0
-    print(f"{result.path}: removed stopserve from {', '.join(dict.fromkeys(result.removed))}")
-    if result.backup:
-        print(f"backup of the previous file: {result.backup}")
-    return 0

@@ -21,7 +21,6 @@ and records the label locally for the report.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -35,7 +34,7 @@ import orjson
 from stopserve.errors import ConfigError
 from stopserve.hooks.state import StateDir
 
-__all__ = ["label_command", "report", "report_command"]
+__all__ = ["label", "report", "show_report"]
 
 
 def report(
@@ -110,11 +109,11 @@ def report(
     }
 
 
-def _installed(args: argparse.Namespace) -> None:
+def _installed(state_dir: str | None) -> None:
     """One line per harness: installed, trusted (Codex), ever run (``stopserve hook doctor`` in full)."""
     from stopserve.hooks.doctor import summary
 
-    for line in summary(state_dir=args.state_dir):
+    for line in summary(state_dir=state_dir):
         print(line)
 
 
@@ -131,21 +130,17 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def report_command(args: argparse.Namespace) -> int:
-    """``stopserve hook report`` (``--html OUT``: the page ``stopserve report`` draws, of the hook's logs)."""
-    if getattr(args, "html", None):
-        from stopserve.report.commands import report_command as html_report
-
-        args.success_at = args.fail_below
-        return html_report(args)
-    state = StateDir(args.state_dir)
-    numbers = report(state.records("decisions.jsonl"), _labels(state), fail_below=args.fail_below)
-    if args.json:
+def show_report(*, state_dir: str | None = None, fail_below: float = 0.5, as_json: bool = False) -> int:
+    """What ``stopserve hook report`` prints: block rate, failures of blocked sessions (labels),
+    the installed hooks; one JSON object with ``as_json``."""
+    state = StateDir(state_dir)
+    numbers = report(state.records("decisions.jsonl"), _labels(state), fail_below=fail_below)
+    if as_json:
         print(orjson.dumps(numbers).decode())
         return 0
     if not numbers["sessions"] and not numbers["failed_open"]:
         print(f"no hook decisions logged in {state.root} yet")
-        _installed(args)
+        _installed(state_dir)
         return 0
     n = numbers
     print(
@@ -168,7 +163,7 @@ def report_command(args: argparse.Namespace) -> int:
             " after it: the harness did not act on it (stopserve hook doctor)"
         )
     print(f"calls that failed open (service away, timeout, bad arguments, error): {n['failed_open']}")
-    _installed(args)
+    _installed(state_dir)
     if not n["labelled_sessions"]:
         print("no labels yet: give outcomes with `stopserve label SESSION_ID --reward X`")
         return 0
@@ -184,33 +179,33 @@ def report_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def label_command(args: argparse.Namespace) -> int:
-    """``stopserve label SESSION_ID --reward X``: post the outcome, record it locally."""
+def label(session_id: str, reward: float, *, url: str, state_dir: str | None = None) -> int:
+    """Post a session's outcome to the service at ``url`` and record it locally (``stopserve
+    label``): 0 when posted, 1 when only recorded."""
     from stopserve.hooks.protocol import _run_id
     from stopserve.hooks.run import post_json
 
-    reward = args.reward
     if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
-        raise ConfigError(f"--reward must be a number in [0, 1], got {reward}")
-    state = StateDir(args.state_dir)
-    run_id = _run_id(args.session_id)
+        raise ConfigError(f"reward must be a number in [0, 1], got {reward}")
+    state = StateDir(state_dir)
+    run_id = _run_id(session_id)
     st = state.load(run_id) or {}
     pending = [e for e in st.get("pending", []) if isinstance(e, dict)]
     body: dict[str, Any] = {"rewards": {"team": reward}, "events": pending}
-    state.append("labels.jsonl", {"ts": time.time(), "session_id": args.session_id, "reward": reward})
+    state.append("labels.jsonl", {"ts": time.time(), "session_id": session_id, "reward": reward})
     try:
-        status, data = post_json(args.url, f"/v1/runs/{quote(run_id, safe='')}/outcome", body, timeout=10.0)
+        status, data = post_json(url, f"/v1/runs/{quote(run_id, safe='')}/outcome", body, timeout=10.0)
     except Exception as exc:  # OSError, http.client.HTTPException, a bad --url
         print(
             f"recorded locally in {state.root / 'labels.jsonl'}; "
-            f"not posted: service at {args.url} unreachable ({exc})",
+            f"not posted: service at {url} unreachable ({exc})",
             file=sys.stderr,
         )
         return 1
     if status == 200 and isinstance(data, dict):
         where = data.get("trace_log") or "no trace log (the service runs without a log dir)"
         print(
-            f"session {args.session_id}: outcome {reward:g} posted; {data.get('n_events')} events, "
+            f"session {session_id}: outcome {reward:g} posted; {data.get('n_events')} events, "
             f"{data.get('n_decisions')} decisions -> {where}; recorded in {state.root / 'labels.jsonl'}"
         )
         if st:

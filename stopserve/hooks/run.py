@@ -30,7 +30,6 @@ pydantic, numpy, httpx or FastAPI (``bench/bench_hook.py`` measures the cost).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -39,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
@@ -58,7 +58,7 @@ from stopserve.hooks.protocol import (
 from stopserve.hooks.state import StateDir
 from stopserve.importers._transcript import TranscriptMapper, read_lines
 
-__all__ = ["Decide", "HookOptions", "ServiceError", "classify_error", "hook_command", "post_json", "run_hook"]
+__all__ = ["Decide", "HookOptions", "ServiceError", "classify_error", "hook_main", "post_json", "run_hook"]
 
 #: What a session's calls ask of the service's config: no turn limit or time budget (a session is
 #: no run with an end of its own); ``--safety`` keys go on top.
@@ -102,19 +102,6 @@ class HookOptions:
     end_on_model_stop: bool = False
     #: events carry sketches of their text beside its hash (``--no-sketch``: hashes only)
     sketch: bool = True
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> HookOptions:
-        """The options of ``stopserve hook claude-code|codex``."""
-        return cls(
-            harness=args.harness,
-            mode=args.mode,
-            max_blocks=args.max_blocks,
-            lam=args.lam,
-            safety=args.safety,
-            end_on_model_stop=args.end_on_model_stop,
-            sketch=not args.no_sketch,
-        )
 
 
 #: ``(run_id, decide body, seconds left) -> decision`` (raises :class:`ServiceError`)
@@ -170,7 +157,7 @@ def post_json(url: str, path: str, body: Mapping[str, Any], timeout: float) -> t
     """
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--url must be http(s)://host[:port], got {url!r}")
+        raise ValueError(f"url must be http(s)://host[:port], got {url!r}")
     data = orjson.dumps(body)
     target = parts.path.rstrip("/") + path
     if parts.scheme == "https":
@@ -497,25 +484,25 @@ def _answer(
     return end_output(inp, reason)
 
 
-def hook_command(args: argparse.Namespace) -> int:
-    """The ``stopserve hook claude-code|codex`` command: always exits 0 (fails open)."""
+def hook_main(opts: HookOptions, *, url: str, timeout: float, state_dir: str | Path | None = None) -> int:
+    """One call of the hook (``stopserve hook claude-code|codex``): the hook input JSON on stdin,
+    the answer on stdout; always 0 (fails open) but 1 when stdin is a terminal."""
     start = time.monotonic()
-    deadline = start + args.timeout
-    state = StateDir(args.state_dir)
+    deadline = start + timeout
+    state = StateDir(state_dir)
     answer: dict[str, Any] | None = None
-    record: dict[str, Any] = {"ts": time.time(), "harness": args.harness, "mode": args.mode}
+    record: dict[str, Any] = {"ts": time.time(), "harness": opts.harness, "mode": opts.mode}
     if sys.stdin is None or sys.stdin.isatty():
         print(
-            f"stopserve hook {args.harness}: reads the hook input JSON on stdin; "
-            f"install it with `stopserve hook install {args.harness}` (docs/hooks.md)",
+            f"stopserve hook {opts.harness}: reads the hook input JSON on stdin; "
+            f"install it with `stopserve hook install {opts.harness}` (docs/hooks.md)",
             file=sys.stderr,
         )
         return 1
     try:
-        with _hard_deadline(args.timeout):
+        with _hard_deadline(timeout):
             raw = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
-            opts = HookOptions.from_args(args)
-            answer = run_hook(raw, opts, state, deadline, decide=http_decide(args.url), record=record)
+            answer = run_hook(raw, opts, state, deadline, decide=http_decide(url), record=record)
     except _DeadlineError as exc:
         answer, record["error"] = None, f"timeout: {exc}"
     except HookInputError as exc:

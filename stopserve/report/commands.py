@@ -1,4 +1,4 @@
-"""``stopserve report LOGDIR`` and ``stopserve hook report --html``: read the logs, summarise, show.
+"""What ``stopserve report LOGDIR`` and ``stopserve hook report --html`` show: read the logs, summarise, show.
 
 Bad input never ends in a traceback: a missing directory is a one-line error; an empty,
 truncated or foreign one gives one line on stderr (what and where: the first problem, and
@@ -7,7 +7,6 @@ how many more) and a report of what could be read.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from stopserve.errors import ConfigError
 from stopserve.report.read import Problem, find_logs, model_units, read_champion, read_records
 from stopserve.report.summary import Summarizer, Summary
 
-__all__ = ["report_command", "summarize_dirs", "write_html"]
+__all__ = ["report", "service_logs", "summarize_dirs", "write_html"]
 
 
 def summarize_dirs(
@@ -76,7 +75,8 @@ def write_html(path: Path, html: str) -> None:
         raise ConfigError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
 
 
-def _check_dir(text: str) -> Path:
+def service_logs(text: str | Path) -> Path:
+    """``text`` as a log directory that exists (a one-line error otherwise)."""
     root = Path(text)
     if not root.exists():
         raise ConfigError(
@@ -134,34 +134,27 @@ def _text(s: Summary) -> str:
     return "\n".join(lines)
 
 
-def report_command(args: argparse.Namespace) -> int:
-    """``stopserve report LOGDIR [--html OUT] [--json]`` and ``stopserve hook report --html OUT``."""
-    hook = getattr(args, "command", None) == "hook"
-    command = "stopserve hook report" if hook else "stopserve report"
-    if hook:
-        from stopserve.hooks.state import StateDir
-
-        roots = [StateDir(args.state_dir).root]
-        if getattr(args, "log_dir", None):
-            roots.append(_check_dir(args.log_dir))
-        title = "stopserve hook report"
-    else:
-        roots = [_check_dir(args.logdir)]
-        title = "stopserve report"
-    html_out = Path(args.html) if getattr(args, "html", None) else None
+def report(
+    roots: Sequence[Path],
+    *,
+    html: str | Path | None = None,
+    as_json: bool = False,
+    model_store: str | Path | None = None,
+    cost_unit: str | None = None,
+    success_at: float = 0.5,
+    title: str = "stopserve report",
+) -> int:
+    """Summarise the logs of ``roots`` and show them: text, one JSON object (``as_json``) or one
+    HTML page written to ``html``. Problems are one line on stderr, led by ``title``; 1 when
+    nothing could be read, else 0."""
+    html_out = Path(html) if html else None
     if html_out is not None:
         from stopserve.report.views import plotly_js
 
         plotly_js()  # a missing [report] extra is one line before anything is read
-    store = Path(args.model_store) if getattr(args, "model_store", None) else None
-    s = summarize_dirs(
-        roots,
-        model_store=store,
-        cost_unit=getattr(args, "cost_unit", None),
-        success_at=getattr(args, "success_at", 0.5),
-        title=title,
-    )
-    _say_problems(s, command)
+    store = Path(model_store) if model_store else None
+    s = summarize_dirs(roots, model_store=store, cost_unit=cost_unit, success_at=success_at, title=title)
+    _say_problems(s, title)
     if html_out is not None:
         from stopserve.report.views import render
 
@@ -170,7 +163,7 @@ def report_command(args: argparse.Namespace) -> int:
             f"{html_out}: {s.n_runs} runs, {s.n_decisions} decisions, {s.n_stopped} stopped, "
             f"{s.n_loops} loops caught"
         )
-    elif getattr(args, "json", False):
+    elif as_json:
         from dataclasses import asdict
 
         print(orjson.dumps(asdict(s), default=str).decode())

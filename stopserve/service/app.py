@@ -1,4 +1,4 @@
-"""The FastAPI app: ``create_app(settings)`` and the ``stopserve serve`` command.
+"""The FastAPI app: ``create_app(settings)``, and :func:`serve` (what ``stopserve serve`` runs).
 
 ``create_app`` builds the app: the lifespan (the engine starts, the model loads), the
 error handlers (:mod:`stopserve.service.errors`), the two ASGI layers
@@ -9,7 +9,6 @@ error handlers (:mod:`stopserve.service.errors`), the two ASGI layers
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import gc
@@ -33,7 +32,7 @@ from stopserve.service.routes import ROUTERS
 from stopserve.service.routes.ui import ui_router
 from stopserve.settings import Settings, load_settings
 
-__all__ = ["app_from_env", "create_app", "serve_command"]
+__all__ = ["app_from_env", "check_store", "create_app", "serve"]
 
 _log = logging.getLogger("stopserve.service")
 
@@ -103,22 +102,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def serve_command(args: argparse.Namespace) -> int:
-    """``stopserve serve``: options override STOPSERVE_ settings; runs uvicorn."""
+def serve(
+    *,
+    model_dir: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    log_dir: str | None = None,
+    workers: int | None = None,
+    no_model: bool = False,
+) -> int:
+    """Run the service in uvicorn until it is stopped; what is given overrides the ``STOPSERVE_``
+    settings. Checks the port, the shared store and the model first (a one-line error each)."""
     import uvicorn
 
     overrides: dict[str, Any] = {
-        "model_dir": getattr(args, "model", None),
-        "host": getattr(args, "host", None),
-        "port": getattr(args, "port", None),
-        "log_dir": getattr(args, "log_dir", None),
-        "workers": getattr(args, "workers", None),
+        "model_dir": model_dir,
+        "host": host,
+        "port": port,
+        "log_dir": log_dir,
+        "workers": workers,
     }
-    if getattr(args, "no_model", False):
+    if no_model:
         overrides["no_model"] = True
     settings = load_settings(**overrides)
     if settings.workers > 1 and not settings.shared_store:
-        where = "--workers" if overrides["workers"] is not None else "STOPSERVE_WORKERS"
+        where = "workers" if workers is not None else "STOPSERVE_WORKERS"
         raise ConfigError(
             f"{where} {settings.workers}: refused without a shared run store: a run's state (turn count, "
             "safety nets, events) would live in one process, and workers would each see part of a run's "
@@ -129,7 +137,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
     check_port(settings.host, settings.port)  # before the model loads: a busy port is said at once
     if settings.shared_store:
-        _check_store(settings)
+        check_store(settings)
     path = settings.resolved_model_dir()
     # check the model now, so a bad one is a one-line CLI error rather than a worker traceback
     if path is not None:
@@ -184,7 +192,7 @@ def app_from_env() -> FastAPI:
     return create_app(settings)
 
 
-def _check_store(settings: Settings) -> None:
+def check_store(settings: Settings) -> None:
     """Reach the shared run store now: an unreachable one is a one-line error, not a worker traceback."""
     from stopserve.service.store import StoreUnavailableError
     from stopserve.service.stores import open_store

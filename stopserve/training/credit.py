@@ -60,7 +60,6 @@ over one trace or many. ``docs/credit.md`` explains how to read a report.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import csv
 import itertools
@@ -94,7 +93,7 @@ __all__ = [
     "ValuePoint",
     "aggregate",
     "cost_price",
-    "credit_command",
+    "credit_report",
     "credit_trace",
 ]
 
@@ -639,68 +638,88 @@ def plot_timeline(report: TraceCredit, path: str | Path) -> None:
     save(fig, path)
 
 
-def credit_command(args: argparse.Namespace) -> int:
-    """``stopserve credit TRACES [--model DIR] [--method td|ablation] ...``: tables, CSV, JSON, plot."""
+def credit_report(
+    traces: Sequence[str | Path],
+    *,
+    model: str | Path | None = None,
+    method: str = "td",
+    split: str = "tokens",
+    window: str = "decision",
+    baseline: str = "zero",
+    lam: float | None = None,
+    cost_share: float | None = None,
+    by: str | None = None,
+    trace_ids: Sequence[str] = (),
+    types: str | None = None,
+    last_k: int | None = None,
+    as_json: bool = False,
+    csv: str | None = None,
+    plot: str | None = None,
+    limit: int = 30,
+    limit_traces: int = 3,
+    show_progress: bool = False,
+) -> int:
+    """Credit every event of ``traces`` and print it (``stopserve credit``): tables, or one JSON
+    object with ``as_json``; ``csv`` writes one row per event, ``plot`` a timeline of the first
+    trace. ``by`` and ``types`` are comma lists; ``model`` None: the shipped default."""
     import orjson
 
     from stopserve.settings import default_model_dir
 
-    model = args.model if args.model is not None else default_model_dir()
+    model = model if model is not None else default_model_dir()
     if model is None:
-        raise ModelError("no --model given and no shipped default model found")
+        raise ModelError("no model given (--model) and no shipped default model found")
     policy = Policy.load(model)
-    by = [b.strip().replace("-", "_") for b in args.by.split(",") if b.strip()] if args.by else None
-    types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
-    wanted = set(args.trace or ())
+    names = [b.strip().replace("-", "_") for b in by.split(",") if b.strip()] if by else None
+    kinds = [t.strip() for t in types.split(",") if t.strip()] if types else None
+    wanted = set(trace_ids)
     reports: list[TraceCredit] = []
-    for trace in progress(
-        read_traces(args.traces), desc="credit", unit=" traces", enabled=not args.no_progress
-    ):
+    for trace in progress(read_traces(traces), desc="credit", unit=" traces", enabled=show_progress):
         if wanted and trace.trace_id not in wanted:
             continue
         reports.append(
             credit_trace(
                 policy,
                 trace,
-                method=args.method,
-                split=args.split,
-                window=args.window,
-                baseline=args.baseline,
-                objective=Objective.of(args.lam, args.cost_share),
-                types=types,
-                last_k=args.last_k,
+                method=method,
+                split=split,
+                window=window,
+                baseline=baseline,
+                objective=Objective.of(lam, cost_share),
+                types=kinds,
+                last_k=last_k,
             )
         )
     if not reports:
         which = f" with trace id {', '.join(sorted(wanted))}" if wanted else ""
-        raise TrainingError(f"no trace{which} in {', '.join(map(str, args.traces))}")
-    if by is None:
-        by = ["event", "agent"] if len(reports) == 1 else ["agent", "type"]
-    aggregates = {b: aggregate(reports, b) for b in by}  # checks the names
-    if args.csv:
-        _write_csv(Path(args.csv), reports)
-    if args.plot:
-        plot_timeline(reports[0], args.plot)
+        raise TrainingError(f"no trace{which} in {', '.join(map(str, traces))}")
+    if names is None:
+        names = ["event", "agent"] if len(reports) == 1 else ["agent", "type"]
+    aggregates = {b: aggregate(reports, b) for b in names}  # checks the names
+    if csv:
+        _write_csv(Path(csv), reports)
+    if plot:
+        plot_timeline(reports[0], plot)
     first = reports[0]
     head = {
         "model": str(model),
         "model_version": policy.model_version,
-        "method": args.method,
-        "split": args.split,
-        "window": args.window,
-        "baseline": args.baseline,
+        "method": method,
+        "split": split,
+        "window": window,
+        "baseline": baseline,
         "cost_unit": first.cost_unit,
         "lambda": first.lam,
         "cost_share": first.cost_share,
         "n_traces": len(reports),
         "n_events": sum(len(r.events) for r in reports),
     }
-    if args.json:
+    if as_json:
         out: dict[str, Any] = {
             **head,
             "aggregates": {b: rows for b, rows in aggregates.items() if b != "event"},
         }
-        if "event" in by:
+        if "event" in names:
             out["traces"] = [r.to_dict() for r in reports]
         sys.stdout.write(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
         return 0
@@ -711,24 +730,24 @@ def credit_command(args: argparse.Namespace) -> int:
     else:
         mean = policy.mean_behavior_cost
         weight = f"cost share {first.cost_share:g} of the mean run cost {mean:g} {first.cost_unit}"
-    how = args.method if args.method == "ablation" else f"td, split {args.split}, window {args.window}"
+    how = method if method == "ablation" else f"td, split {split}, window {window}"
     print(
-        f"credit ({how}, baseline {args.baseline}) of {head['n_events']} events in {len(reports)} "
+        f"credit ({how}, baseline {baseline}) of {head['n_events']} events in {len(reports)} "
         f"trace(s); model {policy.model_version or model}; {weight}"
     )
-    for b in by:
+    for b in names:
         print()
         if b == "event":
-            for r in reports[: args.limit_traces]:
+            for r in reports[:limit_traces]:
                 print(f"trace {r.trace_id}")
                 print(_timeline_table(r))
-            if len(reports) > args.limit_traces:
-                print(f"... {len(reports) - args.limit_traces} more traces (--json or --csv for all)")
+            if len(reports) > limit_traces:
+                print(f"... {len(reports) - limit_traces} more traces (--json or --csv for all)")
             continue
         print(f"by {b.replace('_', ', ')}")
-        print(_aggregate_table(b, aggregates[b], args.limit))
-    if args.csv:
-        print(f"\nwrote {sum(len(r.events) for r in reports)} event rows to {args.csv}", file=sys.stderr)
-    if args.plot:
-        print(f"wrote the timeline of {first.trace_id} to {args.plot}", file=sys.stderr)
+        print(_aggregate_table(b, aggregates[b], limit))
+    if csv:
+        print(f"\nwrote {sum(len(r.events) for r in reports)} event rows to {csv}", file=sys.stderr)
+    if plot:
+        print(f"wrote the timeline of {first.trace_id} to {plot}", file=sys.stderr)
     return 0

@@ -39,12 +39,10 @@ model directory.
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import pickle
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -86,7 +84,6 @@ __all__ = [
     "DaskBackend",
     "DaskTrainer",
     "best_iteration",
-    "features_dask_command",
     "write_parquet",
 ]
 
@@ -355,11 +352,6 @@ class DaskBackend:
             n = len(client.nthreads())
             log(f"Dask: scheduler {address}, {n} workers; dashboard {client.dashboard_link}")
         return cls(client, progress=progress)
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, *, progress: bool) -> DaskBackend:
-        """The backend of a command's ``--dask`` and ``--dask-timeout``; the dashboard told on stderr."""
-        return cls.connect(args.dask, timeout=args.dask_timeout, progress=progress, log=_err)
 
     def close(self) -> None:
         """Close the client, and the local cluster if this backend started one."""
@@ -815,7 +807,9 @@ def write_parquet(
     require("dask", "pyarrow", what="--parquet")
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise TrainingError(f"{out}: exists and is not an empty folder; give a new folder for --parquet")
+        raise TrainingError(
+            f"{out}: exists and is not an empty folder; give a new folder for the Parquet files (--parquet)"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -863,41 +857,3 @@ def write_parquet(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return sum(rows), len(rows), unit
-
-
-def features_dask_command(args: argparse.Namespace) -> int:
-    """``stopserve features TRACES (-o CSV | --parquet DIR) [--dask ADDRESS|local:N]``."""
-    from stopserve.training.labels import write_features_csv
-
-    source = TraceSource([str(p) for p in args.traces])
-    backend = None if args.dask is None else DaskBackend.from_args(args, progress=not args.no_progress)
-    try:
-        if args.parquet is not None:
-            n_rows, n_files, unit = write_parquet(
-                source,
-                args.parquet,
-                cost_unit=args.cost_unit,
-                labels_from_rewards=args.labels_from_rewards,
-                backend=backend,
-            )
-            _err(f"wrote {n_rows} decision points to {n_files} Parquet files in {args.parquet} ({unit})")
-            return 0
-        assert backend is not None  # CSV without --dask is commands.features_command's own path
-        dp = backend.decision_points(
-            source,
-            cost_unit=args.cost_unit,
-            labels_from_rewards=args.labels_from_rewards,
-            group_by="task",
-            progress=False,
-            nets=None,
-            normalize_cost=False,
-        )
-        write_features_csv(dp, args.output)
-        return 0
-    finally:
-        if backend is not None:
-            backend.close()
-
-
-def _err(text: str) -> None:
-    print(text, file=sys.stderr)

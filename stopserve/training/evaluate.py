@@ -29,8 +29,6 @@ logged end is credited with the logged end, a lower bound for it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -39,7 +37,6 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from stopserve.errors import TrainingError
 from stopserve.features import RunState
 from stopserve.objective import DEFAULT_OBJECTIVE, Objective
 from stopserve.policy import Policy
@@ -58,9 +55,9 @@ from stopserve.training.heuristics import (
 )
 from stopserve.training.heuristics import replay as replay_mask
 from stopserve.training.labels import DecisionPoints, FloatArray
-from stopserve.training.replay import REPLAY_ENGINE, replay_rows
+from stopserve.training.replay import replay_rows
 
-__all__ = ["LAMBDA_SWEEP", "evaluate", "evaluate_command", "pareto_figure", "plot_pareto"]
+__all__ = ["LAMBDA_SWEEP", "evaluate", "pareto_figure", "plot_pareto", "report_table"]
 
 #: Multiples of λ (or of the cost share) the learned policy is swept over for the Pareto chart.
 LAMBDA_SWEEP: Final[tuple[float, ...]] = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 10.0, 30.0)
@@ -443,7 +440,7 @@ def pareto_figure(report: dict[str, Any]) -> Any:
     return fig
 
 
-# --------------------------------------------------------------------------- CLI
+# --------------------------------------------------------------------------- the table
 
 _FIGURES: Final = ("value", "success", "cost", "cost_saved", "success_lost", "gap_closed", "room_closed")
 
@@ -456,7 +453,8 @@ def _width(figure: str) -> int:
     return max(13, len(figure) + 2)
 
 
-def _table(report: dict[str, Any]) -> str:
+def report_table(report: dict[str, Any]) -> str:
+    """The report as ``stopserve evaluate`` prints it: one row per policy, then the notes."""
     figures = _FIGURES + (("gap_closed_optimal",) if "optimal" in report["policies"] else ())
     weight = (
         f"cost share {report['cost_share']:g} (costs per data set's mean)"
@@ -481,53 +479,3 @@ def _table(report: dict[str, Any]) -> str:
     )
     lines.extend(f"note: {n}" for n in report["notes"])
     return "\n".join(lines)
-
-
-def evaluate_command(args: argparse.Namespace) -> int:
-    """``stopserve evaluate --model DIR TRACES... [--tune-on ...] [--lambda X | --cost-share S]``."""
-    if getattr(args, "logged", False):
-        from stopserve.training.retrain import logged_command
-
-        return logged_command(args)
-    policy = Policy.load(args.model, engine=REPLAY_ENGINE)
-    manifest = policy.manifest
-    model_unit = manifest.cost_unit
-    if args.cost_unit and args.cost_unit != model_unit:
-        # the model's lambda and cost-to-go are in its own unit: mixing units misprices every stop
-        raise TrainingError(
-            f"--cost-unit {args.cost_unit} differs from the model's cost unit {model_unit!r} "
-            f"({args.model}/manifest.json); evaluate in {model_unit!r}"
-        )
-    labels_from_rewards = bool(args.labels_from_rewards or manifest.labels_from_rewards)
-    progress = not args.no_progress  # on stderr, on a terminal only: --json output stays clean
-    backend = None
-    if getattr(args, "dask", None) is not None:
-        from stopserve.training.distributed import DaskBackend
-
-        backend = DaskBackend.from_args(args, progress=progress)
-    try:
-        report = evaluate(
-            policy,
-            [str(p) for p in args.traces],
-            objective=Objective.of(args.lam, args.cost_share),
-            tune_on=[str(p) for p in args.tune_on] if args.tune_on else None,
-            cost_unit=args.cost_unit or model_unit,
-            labels_from_rewards=labels_from_rewards,
-            group_by=args.group_by,
-            seed=args.seed,
-            sweep=bool(args.plot),
-            progress=progress,
-            backend=backend,
-        )
-    finally:
-        if backend is not None:
-            backend.close()
-    if args.plot:
-        plot_pareto(report, args.plot)
-    if args.json:
-        print(json.dumps(report, allow_nan=False))
-    else:
-        print(_table(report))
-        if args.plot:
-            print(f"chart written to {args.plot}")
-    return 0

@@ -37,7 +37,6 @@ expected total cost (``stopserve.policy``).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
 import sys
@@ -76,6 +75,7 @@ from stopserve.training.heuristics import (
     tune_heuristics,
 )
 from stopserve.training.labels import DecisionPoints, FloatArray, IntArray
+from stopserve.training.parameters import TrainerSettings, check_parameter
 from stopserve.training.replay import REPLAY_ENGINE, replay_rows
 from stopserve.training.tuning import ALL_RULES, DEFAULT_FLOORS, Floors, Tuned, floor_losses, tune_policy
 
@@ -87,16 +87,18 @@ __all__ = [
     "PolicyLearner",
     "TraceSource",
     "Trainer",
-    "learner_from_args",
     "model_version",
     "print_summary",
-    "train_command",
 ]
 
 BoolArray = npt.NDArray[np.bool_]
 
+#: The trainer's settings as the table declares them (each default once: ``training/parameters.py``).
+_DEFAULTS: Final = TrainerSettings()
+_DEFAULT_OBJECTIVE: Final = _DEFAULTS.objective()
+_DEFAULT_FEATURES: Final = _DEFAULTS.feature_names()
 #: Fewer task groups than this: the guard cannot tell a model from luck; the heuristic ships.
-MIN_GROUPS: Final = 10
+MIN_GROUPS: Final[int] = _DEFAULTS.min_groups
 #: Bootstrap draws over groups for the guard's interval.
 N_BOOT: Final = 1000
 #: The guard's lower bound: this quantile of the bootstrap distribution of (learned − heuristic).
@@ -379,13 +381,13 @@ class PolicyLearner:
     def __init__(
         self,
         *,
-        objective: Objective | None = None,
-        cost_scale: str = "fixed",
-        method: str = "auto",
-        min_turns: int | None = None,
-        features: str | Sequence[str] = "all",
-        folds: int = 5,
-        seed: int = 0,
+        objective: Objective | None = _DEFAULT_OBJECTIVE,
+        cost_scale: str = _DEFAULTS.cost_scale.replace("-", "_"),
+        method: str = _DEFAULTS.method,
+        min_turns: int | None = None if _DEFAULTS.min_turns == "auto" else _DEFAULTS.min_turns,
+        features: str | Sequence[str] = _DEFAULT_FEATURES,
+        folds: int = _DEFAULTS.folds,
+        seed: int = _DEFAULTS.seed,
         params: Mapping[str, Any] | None = None,
         max_rounds: int = MAX_ROUNDS,
         min_groups: int = MIN_GROUPS,
@@ -394,13 +396,13 @@ class PolicyLearner:
         progress: bool = False,
         log: Callable[[str], None] | None = None,
         backend: Backend | None = None,
-        fixed_rules: bool = False,
-        stop_on: str = "value",
-        censored: str = "auto",
+        fixed_rules: bool = _DEFAULTS.rules == "fixed",
+        stop_on: str = _DEFAULTS.stop_on,
+        censored: str = _DEFAULTS.censored,
         floors: Floors | None = DEFAULT_FLOORS,
         overrules: Sequence[str] | None = None,
-        evidence: Evidence | None = None,
-        inner_cv: bool = False,
+        evidence: Evidence | None = _DEFAULTS.evidence,
+        inner_cv: bool = _DEFAULTS.inner_cv,
     ) -> None:
         self.objective = objective
         self.cost_scale = cost_scale
@@ -425,14 +427,37 @@ class PolicyLearner:
         self.evidence = evidence
         self.inner_cv = inner_cv
 
+    @classmethod
+    def from_settings(
+        cls, settings: TrainerSettings, *, progress: bool = False, backend: Backend | None = None
+    ) -> PolicyLearner:
+        """The (unfitted) learner ``settings`` describe (``stopserve train``, ``retrain``)."""
+        return cls(
+            objective=settings.objective(),
+            cost_scale=settings.cost_scale.replace("-", "_"),
+            method=settings.method,
+            min_turns=None if settings.min_turns == "auto" else int(settings.min_turns),
+            features=settings.feature_names(),
+            folds=settings.folds,
+            seed=settings.seed,
+            min_groups=settings.min_groups,
+            progress=progress,
+            backend=backend,
+            fixed_rules=settings.rules == "fixed",
+            stop_on=settings.stop_on,
+            censored=settings.censored,
+            evidence=settings.evidence,
+            floors=Floors(value=settings.max_value_loss or None, success=settings.max_success_loss or None),
+            inner_cv=settings.inner_cv,
+        )
+
     # ----------------------------------------------------------------- checks
 
     def _backend(self) -> Backend:
         return self.backend if self.backend is not None else LocalBackend()
 
     def _check_params(self) -> None:
-        if self.method not in ("auto", *METHODS):
-            raise TrainingError(f"method must be auto, behavior or optimal, got {self.method!r}")
+        check_parameter("method", self.method)
         if self.cost_scale not in ("fixed", "per_run"):
             raise TrainingError(f"cost_scale must be 'fixed' or 'per_run', got {self.cost_scale!r}")
         if self.objective is not None and not isinstance(self.objective, Objective):
@@ -449,10 +474,8 @@ class PolicyLearner:
             raise TrainingError(
                 f"overrules: expected some of {', '.join(sorted(ALL_RULES))}, got {list(self.overrules)}"
             )
-        if self.censored not in ("auto", "horizon", "unknown"):
-            raise TrainingError(f"censored must be auto, horizon or unknown, got {self.censored!r}")
-        if self.stop_on not in ("value", "evidence"):
-            raise TrainingError(f"stop_on must be 'value' or 'evidence', got {self.stop_on!r}")
+        check_parameter("censored", self.censored)
+        check_parameter("stop_on", self.stop_on)
 
     def _floors(self) -> Floors | None:
         """The floors in force: None when neither is set."""
@@ -935,7 +958,7 @@ class PolicyLearner:
         if not enough:
             st.notes.append(
                 f"too little data to trust a learned policy: {st.n_groups} groups, the guard needs at least "
-                f"{self.min_groups} (set by --min-groups); the tuned heuristic ships"
+                f"{self.min_groups} (set by min_groups, --min-groups); the tuned heuristic ships"
             )
         within = self._within_floors(st, reps, best_heur)
         return {
@@ -987,7 +1010,7 @@ class PolicyLearner:
                     "the learned policy loses more than the floors allow in cross-validation ("
                     + "; ".join(over)
                     + f"; floors: success {_fmt_floor(kept.success)}, value {_fmt_floor(kept.value)}, set by "
-                    "--max-success-loss / --max-value-loss): it does not ship"
+                    "floors (--max-success-loss / --max-value-loss)): it does not ship"
                 )
         return out
 
@@ -1197,61 +1220,6 @@ def _table(rows: Iterable[tuple[str, ...]]) -> str:
         if j == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
-
-
-def train_command(args: argparse.Namespace) -> int:
-    """``stopserve train TRACES -o MODEL_DIR``: fit, guard, write the model directory, print a summary."""
-    progress = not args.no_progress
-    backend = None
-    if getattr(args, "dask", None) is not None:
-        from stopserve.training.distributed import DaskBackend
-
-        backend = DaskBackend.from_args(args, progress=progress)
-    try:
-        learner = learner_from_args(args, progress=progress, backend=backend).fit(
-            [str(p) for p in args.traces],
-            cost_unit=args.cost_unit,
-            labels_from_rewards=args.labels_from_rewards,
-            group_by=args.group_by,
-        )
-        out = learner.save(args.output)
-    finally:
-        if backend is not None:
-            backend.close()
-    print_summary(learner, out)
-    return 0
-
-
-def learner_from_args(
-    args: argparse.Namespace, *, progress: bool, backend: Backend | None = None
-) -> PolicyLearner:
-    """The (unfitted) learner the trainer's command-line options describe (``train``, ``retrain``)."""
-    features: str | list[str] = args.features
-    if features not in ("all", "scale-free"):
-        features = [f.strip() for f in str(features).split(",") if f.strip()]
-    return PolicyLearner(
-        objective=Objective.of(args.lam, args.cost_share),
-        cost_scale=args.cost_scale.replace("-", "_"),
-        method=args.method,
-        min_turns=None if args.min_turns == "auto" else int(args.min_turns),
-        features=features,
-        folds=args.folds,
-        seed=args.seed,
-        min_groups=args.min_groups,
-        progress=progress,
-        backend=backend,
-        fixed_rules=args.rules == "fixed",
-        stop_on=args.stop_on,
-        censored=args.censored,
-        evidence=args.evidence,
-        floors=Floors(
-            value=args.max_value_loss or None,  # 0: off
-            success=DEFAULT_FLOORS.success
-            if args.max_success_loss is None
-            else args.max_success_loss or None,
-        ),
-        inner_cv=args.inner_cv,
-    )
 
 
 def print_summary(learner: PolicyLearner, out: Path) -> None:

@@ -5,7 +5,7 @@ simulator traces: every prefix is graded, so the logging behavior's stop
 (``metrics.behavior_stop_index``), the policy's first stop and the optimum
 (``metrics.optimal_value``) are all valued by truncation of the same run::
 
-    python -m stopserve.training.gap_report MODEL_DIR TEST.jsonl --lambda 0.1 [--json]
+    python -m stopserve.cli.gap_report MODEL_DIR TEST.jsonl --lambda 0.1 [--json]
 
 The value of a stop right after event k is ``q - lam * ktokens``: q the grade of
 the latest ``aggregate`` at or before k (0 before any), ktokens the tokens up to
@@ -14,24 +14,19 @@ and including k. Failure modes are :func:`stopserve.training.simulate.failure_mo
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
 
-from stopserve.errors import StopServeError, TrainingError
+from stopserve.errors import TrainingError
 from stopserve.features import RunState
 from stopserve.objective import Objective
 from stopserve.policy import Policy
-from stopserve.trace import Trace, is_decision_point, read_traces
-from stopserve.training.replay import REPLAY_ENGINE
+from stopserve.trace import Trace, is_decision_point
 from stopserve.training.simulate import failure_modes
 
-__all__ = ["gap_report", "main"]
+__all__ = ["FAILURE_MODES", "gap_report"]
 
-_MODES = ("premature", "delayed", "loop")
+FAILURE_MODES = ("premature", "delayed", "loop")
 
 
 def _replay(policy: Policy, trace: Trace, lam: float) -> tuple[int, list[float]]:
@@ -93,40 +88,3 @@ def gap_report(policy: Policy, traces: Iterable[Trace], lam: float) -> dict[str,
         row["gap_closed"] = (row["learned"] - row["behavior"]) / gap if gap > 0 else float("nan")
         out[key] = row
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m stopserve.training.gap_report MODEL_DIR TRACES... --lambda X [--json]``."""
-    ap = argparse.ArgumentParser(prog="python -m stopserve.training.gap_report", description=__doc__)
-    ap.add_argument("model")
-    ap.add_argument("traces", nargs="+")
-    ap.add_argument("--lambda", dest="lam", type=float, required=True)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    try:
-        policy = Policy.load(args.model, engine=REPLAY_ENGINE)
-        report = gap_report(policy, read_traces(args.traces), args.lam)
-    except StopServeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps({"lambda": args.lam, "kind": policy.kind, "per_topology": report}))
-        return 0
-    print(f"lambda {args.lam:g} per ktoken; policy kind {policy.kind} ({policy.model_version})")
-    print("| topology | behavior | learned | optimal | gap closed | premature b/l | delayed b/l | loop b/l |")
-    print("|---|---|---|---|---|---|---|---|")
-    for key, r in report.items():
-        modes = " | ".join(f"{r['behavior_' + m]:.1%} / {r['learned_' + m]:.1%}" for m in _MODES)
-        print(
-            f"| {key} | {r['behavior']:.4f} | {r['learned']:.4f} | {r['optimal']:.4f} | "
-            f"{r['gap_closed']:.1%} | {modes} |"
-        )
-    return 0
-
-
-def _run() -> Any:
-    raise SystemExit(main())
-
-
-if __name__ == "__main__":
-    _run()

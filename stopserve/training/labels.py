@@ -36,6 +36,7 @@ from stopserve.objective import COST_UNITS
 from stopserve.progress import progress as _progress
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Event, Trace, is_decision_point, read_traces
+from stopserve.training.parameters import GROUP_BY
 
 __all__ = [
     "COST_UNITS",
@@ -53,10 +54,10 @@ __all__ = [
 ]
 
 
-#: How traces are grouped for cross-validation: by task id, by repository (the task id's
-#: prefix before "__", SWE-bench style), by producing system (e.g. one model's runs), or
-#: by data set (the system up to the first "/").
-GROUP_BY: Final[tuple[str, ...]] = ("task", "repo", "system", "dataset")
+# GROUP_BY (declared with the trainer's settings, where the command line reads it): how traces
+# are grouped for cross-validation: by task id, by repository (the task id's prefix before "__",
+# SWE-bench style), by producing system (e.g. one model's runs), or by data set (the system up
+# to the first "/").
 
 #: Reward channel read as the quality label with ``labels_from_rewards``.
 LABEL_CHANNEL: Final = "quality"

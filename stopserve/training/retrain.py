@@ -32,16 +32,12 @@ restores the champion before it. One retrain runs at a time per store (a lock).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import math
-import os
 import shutil
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -55,23 +51,24 @@ from stopserve.policy import Policy
 from stopserve.service.log import log_files
 from stopserve.settings import default_model_dir, load_settings
 from stopserve.training.backend import TraceSource
-from stopserve.training.fit import PolicyLearner, learner_from_args, model_version
+from stopserve.training.fit import PolicyLearner, model_version
 from stopserve.training.heuristics import TunedHeuristic, tune_heuristics
 from stopserve.training.labels import build_decision_points
-from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged, logged_traces_ok
+from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged
+from stopserve.training.parameters import TrainerSettings
 from stopserve.training.replay import REPLAY_ENGINE, replay_decide
 
 __all__ = [
     "Judgement",
+    "RetrainOptions",
     "RetrainResult",
     "evaluate_logged_runs",
     "judge",
-    "logged_command",
     "logged_runs",
+    "logged_table",
+    "open_store",
     "recency_order",
     "retrain",
-    "retrain_command",
-    "rollback_command",
 ]
 
 #: Fewer logged runs than this to train on: no candidate is fitted.
@@ -196,23 +193,21 @@ def recency_order(
     return sorted(range(len(metrics)), key=lambda i: (float(started[i]), tie[i], i)), "started"
 
 
-def _objective(args: argparse.Namespace, objectives: set[tuple[str, float]]) -> str:
-    """Set ``args.lam`` / ``args.cost_share`` from the logged runs when none is given; say from where."""
-    if args.lam is not None or args.cost_share is not None:
-        return "given"
+def _objective(trainer: TrainerSettings, objectives: set[tuple[str, float]]) -> tuple[TrainerSettings, str]:
+    """``trainer`` with the logged runs' cost weight when it names none, and where that was read."""
+    if trainer.lam is not None or trainer.cost_share is not None:
+        return trainer, "given"
     if not objectives:
-        return "the trainer's default (the runs carry no service_lambda or service_cost_share)"
+        return trainer, "the trainer's default (the runs carry no service_lambda or service_cost_share)"
     if len(objectives) > 1:
         seen = ", ".join(f"{k.removeprefix('service_')} {v:g}" for k, v in sorted(objectives))
         raise ConfigError(
-            f"the logged runs were decided at several cost weights ({seen}): give --lambda or --cost-share"
+            f"the logged runs were decided at several cost weights ({seen}): give lam or cost_share "
+            "(--lambda or --cost-share)"
         )
     ((key, value),) = objectives
-    if key == "service_lambda":
-        args.lam = value
-    else:
-        args.cost_share = value
-    return f"the logged runs' {key.removeprefix('service_').replace('_', ' ')} {value:g}"
+    logged = replace(trainer, lam=value) if key == "service_lambda" else replace(trainer, cost_share=value)
+    return logged, f"the logged runs' {key.removeprefix('service_').replace('_', ' ')} {value:g}"
 
 
 def _champion_dir(store: ModelStore, given: str | None) -> tuple[Path | None, str]:
@@ -226,18 +221,44 @@ def _champion_dir(store: ModelStore, given: str | None) -> tuple[Path | None, st
     return configured, "STOPSERVE_MODEL_DIR" if configured != default_model_dir() else "the shipped default"
 
 
+@dataclass(frozen=True, kw_only=True)
+class RetrainOptions:
+    """What one retrain is asked (``stopserve retrain``'s options, typed)."""
+
+    #: the candidate's fit (``cost_scale`` must be fixed: a model of the system it served)
+    trainer: TrainerSettings
+    #: share of the logged runs, the most recent, held out to judge on
+    holdout: float
+    #: bootstrap draws of the intervals
+    n_boot: int
+    #: earlier trace files to learn from too (never judged on)
+    corpus: Sequence[str] = ()
+    #: the model served now (None: the store's champion, else the settings' model)
+    champion: str | None = None
+    #: judge this model directory instead of fitting a candidate (only it may be promoted)
+    candidate: str | None = None
+    #: judge, promote nothing, log nothing
+    dry_run: bool = False
+    cost_unit: str | None = None
+    labels_from_rewards: bool = False
+    progress: bool = False
+
+
 def retrain(
-    args: argparse.Namespace,
+    options: RetrainOptions,
     *,
     store: ModelStore,
     log_dir: Path,
     log: Any = None,
 ) -> RetrainResult:
-    """One retrain with the command's options (see the module docstring); promotes unless ``dry_run``."""
+    """One retrain (see the module docstring); promotes unless ``options.dry_run``."""
     say = log if log is not None else (lambda text: None)
     t0 = time.perf_counter()
-    if getattr(args, "cost_scale", "fixed") != "fixed":
-        raise ConfigError("retrain learns a model of the system it served: --cost-scale fixed (the default)")
+    if options.trainer.cost_scale != "fixed":
+        raise ConfigError(
+            "retrain learns a model of the system it served: cost_scale fixed "
+            "(--cost-scale fixed, the default)"
+        )
     files = logged_runs(log_dir)
     if not files:
         raise TrainingError(f"{log_dir}: no trace log (traces.jsonl): the service has logged no finished run")
@@ -245,17 +266,17 @@ def retrain(
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    kept = None if args.candidate else store.kept_candidate()
-    split = _split(files, args.holdout, work, after=kept.seen_through if kept is not None else None)
+    kept = None if options.candidate else store.kept_candidate()
+    split = _split(files, options.holdout, work, after=kept.seen_through if kept is not None else None)
     train, held, n_train, n_hold, recent = split.train, split.held, split.n_train, split.n_hold, split.by
-    objective = _objective(args, split.objectives)
-    corpus = [Path(p) for p in (args.corpus or [])]
-    champion_dir, champion_from = _champion_dir(store, args.champion)
+    trainer, objective = _objective(options.trainer, split.objectives)
+    corpus = [Path(p) for p in (options.corpus or [])]
+    champion_dir, champion_from = _champion_dir(store, options.champion)
     base: dict[str, Any] = {
         "log_dir": str(log_dir),
         "trained_on": {"logged_runs": n_train, "corpus": [str(p) for p in corpus]},
-        "judged_on": {"runs": n_hold, "holdout": args.holdout, "most_recently": recent},
-        "objective": {"lambda": args.lam, "cost_share": args.cost_share, "from": objective},
+        "judged_on": {"runs": n_hold, "holdout": options.holdout, "most_recently": recent},
+        "objective": {"lambda": trainer.lam, "cost_share": trainer.cost_share, "from": objective},
         "champion": {"path": None if champion_dir is None else str(champion_dir), "from": champion_from},
     }
     if n_hold < MIN_RUNS or n_train < MIN_TRAIN_RUNS:
@@ -270,25 +291,25 @@ def retrain(
     trained_on = [str(p) for p in (*corpus, train)]
     guard: dict[str, Any] | None = None
     best: str | None = None
-    if args.candidate:
-        candidate_dir = Path(args.candidate)
+    if options.candidate:
+        candidate_dir = Path(options.candidate)
         # a model prices cost in its own unit: judge it in that unit unless told otherwise
         unit = Policy.load(candidate_dir, engine=REPLAY_ENGINE).cost_unit
         train_dp = build_decision_points(
             iter(TraceSource(trained_on)),
-            cost_unit=args.cost_unit or unit,
-            labels_from_rewards=args.labels_from_rewards,
-            group_by=args.group_by,
+            cost_unit=options.cost_unit or unit,
+            labels_from_rewards=options.labels_from_rewards,
+            group_by=trainer.group_by,
         )
         mean_cost = float(train_dp.trace_c_final.mean())
-        lam = (Objective.of(args.lam, args.cost_share) or DEFAULT_OBJECTIVE).lam_at(mean_cost)
+        lam = (Objective.of(trainer.lam, trainer.cost_share) or DEFAULT_OBJECTIVE).lam_at(mean_cost)
     else:
-        learner: PolicyLearner = learner_from_args(args, progress=not args.no_progress)
+        learner: PolicyLearner = PolicyLearner.from_settings(trainer, progress=options.progress)
         learner.fit(
             trained_on,
-            cost_unit=args.cost_unit,
-            labels_from_rewards=args.labels_from_rewards,
-            group_by=args.group_by,
+            cost_unit=options.cost_unit,
+            labels_from_rewards=options.labels_from_rewards,
+            group_by=trainer.group_by,
         )
         candidate_dir = learner.save(work / "candidate")
         train_dp, lam = learner.dp_, float(learner.cv_["lambda"])
@@ -302,7 +323,7 @@ def retrain(
     tuned = {f"heuristic {n}": h for n, h in tune_heuristics(train_dp, lam).items()}
     heuristics = {name: h.policy() for name, h in tuned.items()}
     # each policy replayed as the service serves it: with the cost weight the runs are decided at
-    asked = Objective.of(args.lam, args.cost_share) or DEFAULT_OBJECTIVE
+    asked = Objective.of(trainer.lam, trainer.cost_share) or DEFAULT_OBJECTIVE
     verdict = judge(
         candidate,
         champion,
@@ -310,12 +331,12 @@ def retrain(
         lam=lam,
         objective=asked,
         heuristics=heuristics,
-        heuristics_compete=not args.candidate,
+        heuristics_compete=not options.candidate,
         cost_unit=train_dp.cost_unit,
-        labels_from_rewards=args.labels_from_rewards,
-        group_by=args.group_by,
-        n_boot=args.n_boot,
-        seed=args.seed,
+        labels_from_rewards=options.labels_from_rewards,
+        group_by=trainer.group_by,
+        n_boot=options.n_boot,
+        seed=trainer.seed,
     )
     eval_s = time.perf_counter() - t_eval
     ev = verdict.evaluation
@@ -324,7 +345,7 @@ def retrain(
         **verdict.evidence,
         "judged_on": {**base["judged_on"], **verdict.evidence["judged_on"]},
         "candidate": {
-            "path": str(candidate_dir) if args.candidate else None,
+            "path": str(candidate_dir) if options.candidate else None,
             "version": candidate.model_version,
             "kind": candidate.kind,
             "guard": guard,
@@ -342,7 +363,14 @@ def retrain(
     if kept is not None:
         t_second = time.perf_counter()
         second, look = _second_look(
-            kept, champion, split, lam=lam, objective=asked, cost_unit=train_dp.cost_unit, args=args
+            kept,
+            champion,
+            split,
+            lam=lam,
+            objective=asked,
+            cost_unit=train_dp.cost_unit,
+            options=options,
+            trainer=trainer,
         )
         evidence["second_look"] = look
         evidence["timings"]["second_look_s"] = time.perf_counter() - t_second
@@ -365,7 +393,7 @@ def retrain(
     result = RetrainResult(
         promoted, reason, evidence, evaluation=ev, second_look=None if second is None else second.evaluation
     )
-    if args.dry_run:
+    if options.dry_run:
         return result
     # compiled here, at this process's priority, into the cache the service reads: its load of the
     # new champion (or, with exploration on, of the refused candidate it shadows) is then a cache
@@ -396,7 +424,8 @@ def _second_look(
     lam: float,
     objective: Objective,
     cost_unit: str | None,
-    args: argparse.Namespace,
+    options: RetrainOptions,
+    trainer: TrainerSettings,
 ) -> tuple[Judgement | None, dict[str, Any]]:
     """The refused candidate judged again, against the champion, on the runs logged since.
 
@@ -423,10 +452,10 @@ def _second_look(
         lam=lam,
         objective=objective,
         cost_unit=cost_unit,
-        labels_from_rewards=args.labels_from_rewards,
-        group_by=args.group_by,
-        n_boot=args.n_boot,
-        seed=args.seed,
+        labels_from_rewards=options.labels_from_rewards,
+        group_by=trainer.group_by,
+        n_boot=options.n_boot,
+        seed=trainer.seed,
     )
     look.update(verdict.evidence)
     look["judged_on"] = {"runs": split.n_since, "after": kept.seen_through, **verdict.evidence["judged_on"]}
@@ -609,16 +638,19 @@ def judge(
     return Judgement(reason, ev, evidence, winner)
 
 
-def _stores(args: argparse.Namespace) -> tuple[ModelStore, Path]:
+def open_store(
+    log_dir: str | Path | None = None, model_store: str | Path | None = None
+) -> tuple[ModelStore, Path]:
+    """The model store and the log directory: those given, else the settings' (``STOPSERVE_``)."""
     settings = load_settings()
-    log_dir = Path(args.log_dir) if args.log_dir else settings.log_dir
-    if log_dir is None:
-        raise ConfigError("no log directory: give --log-dir (STOPSERVE_LOG_DIR is empty)")
-    root = args.model_store or settings.model_store or log_dir / "models"
-    return ModelStore(root), log_dir
+    logs = Path(log_dir) if log_dir else settings.log_dir
+    if logs is None:
+        raise ConfigError("no log directory: give log_dir (--log-dir; STOPSERVE_LOG_DIR is empty)")
+    root = model_store or settings.model_store or logs / "models"
+    return ModelStore(root), logs
 
 
-def _table(ev: LoggedEvaluation) -> str:
+def logged_table(ev: LoggedEvaluation) -> str:
     """The off-policy figures of every policy, one row each, with their support."""
     rows = [
         (
@@ -647,109 +679,3 @@ def _table(ev: LoggedEvaluation) -> str:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
-
-
-def retrain_command(args: argparse.Namespace) -> int:
-    """``stopserve retrain``: fit, judge off-policy on the newest runs, promote or refuse (exit 0)."""
-    if args.nice:
-        os.nice(args.nice)
-        if hasattr(os, "SCHED_IDLE"):  # Linux: run only on CPU the service leaves idle
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    store, log_dir = _stores(args)
-    with store.lock():
-        result = retrain(args, store=store, log_dir=log_dir, log=lambda text: print(text, file=sys.stderr))
-        if result.evaluation is None and not args.dry_run:
-            store.log({"kind": "refusal", "reason": result.reason, "evidence": result.evidence})
-    if args.json:
-        data = {"promoted": result.promoted, "reason": result.reason, **result.evidence}
-        print(json.dumps(data, default=str))
-    else:
-        if result.evaluation is not None:
-            lam = result.evidence.get("lambda")
-            print(f"value per run at lambda {lam:.4g} per {result.evidence.get('cost_unit')}, off-policy:")
-            print(_table(result.evaluation))
-            if result.second_look is not None:
-                look = result.evidence["second_look"]
-                print(
-                    f"the candidate refused last time ({look['candidate'].get('version')}), on the "
-                    f"{look['judged_on']['runs']} runs logged since:"
-                )
-                print(_table(result.second_look))
-        verdict = "PROMOTED" if result.promoted else "not promoted"
-        where = f" -> {result.champion.path}" if result.champion is not None else ""
-        print(f"{verdict}{' (dry run)' if args.dry_run else ''}: {result.reason}{where}")
-    return 0
-
-
-def logged_command(args: argparse.Namespace) -> int:
-    """``stopserve evaluate --logged``: off-policy figures of a model on runs another policy decided.
-
-    The traces are the service's logs (each decision with its propensity). The model, the
-    runs as logged and, with ``--tune-on``, the tuned heuristics are each replayed through
-    ``decide`` and estimated by IS and DR (:mod:`stopserve.training.offpolicy`), with 90%
-    intervals over ``--group-by`` groups and the runs that support each figure.
-    """
-    if args.plot or getattr(args, "dask", None) is not None:
-        raise ConfigError("evaluate --logged: --plot and --dask do not apply to off-policy figures")
-    policy = Policy.load(args.model, engine=REPLAY_ENGINE)
-    manifest = policy.manifest
-    cost_unit = args.cost_unit or manifest.cost_unit
-    labels = bool(args.labels_from_rewards or manifest.labels_from_rewards)
-    paths = [str(p) for p in args.traces]
-    dp = build_decision_points(
-        iter(TraceSource(paths)), cost_unit=cost_unit, labels_from_rewards=labels, group_by=args.group_by
-    )
-    objective = policy.resolve(Objective.of(args.lam, args.cost_share))
-    mean_cost = float(dp.trace_c_final.mean()) if dp.n_traces else 0.0
-    lam = objective.lam_at(mean_cost)
-    policies: dict[str, Policy] = {"model": policy}
-    if args.tune_on:
-        tune = build_decision_points(
-            iter(TraceSource([str(p) for p in args.tune_on])),
-            cost_unit=dp.cost_unit,
-            labels_from_rewards=labels,
-            group_by=args.group_by,
-        )
-        policies |= {f"heuristic {n}": h.policy() for n, h in tune_heuristics(tune, lam).items()}
-    ev = evaluate_logged_runs(
-        policies,
-        paths,
-        lam=lam,
-        objective=objective,
-        cost_unit=dp.cost_unit,
-        labels_from_rewards=labels,
-        group_by=args.group_by,
-        seed=args.seed,
-    )
-    notes = list(logged_traces_ok(ev.dp))
-    notes += [
-        f"{name}: too few runs support its figure: {e.why}" for name, e in ev.estimates.items() if e.why
-    ]
-    if args.json:
-        print(
-            json.dumps({**ev.to_dict(), "runs": ev.dp.n_traces, "cost_unit": ev.dp.cost_unit, "notes": notes})
-        )
-        return 0
-    explored = int((ev.dp.propensity < 1.0).sum())
-    groups = len(set(ev.dp.group.tolist()))
-    print(
-        f"{ev.dp.n_traces} logged runs ({explored} decisions explored or explorable), value per run at "
-        f"lambda {lam:.4g} per {ev.dp.cost_unit}, off-policy; 90% intervals over "
-        f"{groups} {args.group_by} groups:"
-    )
-    print(_table(ev))
-    for note in notes:
-        print(f"NOTE: {note}")
-    return 0
-
-
-def rollback_command(args: argparse.Namespace) -> int:
-    """``stopserve rollback``: the champion before the current one is the champion again."""
-    store, _ = _stores(args)
-    current = store.champion()
-    champion = store.rollback()
-    print(
-        f"rolled back: {current.version if current else None} -> {champion.version} ({champion.path}); "
-        "the service follows within a tick"
-    )
-    return 0

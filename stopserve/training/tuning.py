@@ -28,6 +28,7 @@ from stopserve.manifest import RULE_KINDS
 from stopserve.policy import Deviation, RuleFires, split_fires
 from stopserve.training.heuristics import Replay, policy_mask, replay
 from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray, IntArray
+from stopserve.training.parameters import DEFAULT_SUCCESS_FLOOR
 
 __all__ = [
     "ALL_RULES",
@@ -121,10 +122,6 @@ def floor_losses(dp: DecisionPoints, rep: Replay, lam: float) -> dict[str, tuple
         out[what] = worst
     return out
 
-
-#: The success a trained policy may lose against the logged runs, in quality units (0.01: one
-#: point of success), unless asked otherwise: no policy, learned or heuristic, buys cost with more.
-DEFAULT_SUCCESS_FLOOR: Final = 0.01
 
 #: What ``stopserve train`` and ``retrain`` keep by default: the success floor, no value floor.
 DEFAULT_FLOORS: Final = Floors(success=DEFAULT_SUCCESS_FLOOR)

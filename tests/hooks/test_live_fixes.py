@@ -259,13 +259,14 @@ def test_the_http_hook_answers_within_its_time_when_a_run_is_locked(
 
 @pytest.mark.parametrize("harness", ["claude-code", "codex"])
 def test_the_hook_s_own_parser_reads_what_the_full_one_does(harness: str) -> None:
-    from stopserve.cli import _hook_parser, build_parser
+    from stopserve.cli import build_parser
+    from stopserve.cli.hooks import hook_parser
 
     argv = ["--url", "http://h:1", "--mode", "shadow", "--timeout", "1.5", "--max-blocks", "1"]
     argv += ["--lambda", "0.2", "--safety", '{"min_turns": 2}', "--end-on-model-stop", "--state-dir", "/s"]
     for extra in ([], argv):
         full = vars(build_parser().parse_args(["hook", harness, *extra]))
-        fast = vars(_hook_parser(harness).parse_args(extra))
+        fast = vars(hook_parser(harness).parse_args(extra))
         assert fast == full
 
 

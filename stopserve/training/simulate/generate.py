@@ -444,7 +444,7 @@ def simulate(
     if topology != "all":
         model_for(topology)
     if not (noise >= 0 and math.isfinite(noise)):
-        raise ConfigError(f"--noise: expected a finite number >= 0, got {noise}")
+        raise ConfigError(f"noise: expected a finite number >= 0, got {noise}")
     rules: dict[str, OptimalRule] = {}
     if optimal_lambda is not None:
         for topo in SIM_TOPOLOGIES if topology == "all" else (topology,):

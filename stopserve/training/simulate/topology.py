@@ -294,6 +294,4 @@ def model_for(topology: str) -> TopologyModel:
     try:
         return MODELS[topology]
     except KeyError:
-        raise ConfigError(
-            f"--topology: {topology!r} is not one of {', '.join(SIM_TOPOLOGIES)}, all"
-        ) from None
+        raise ConfigError(f"topology: {topology!r} is not one of {', '.join(SIM_TOPOLOGIES)}, all") from None

@@ -569,7 +569,8 @@ def test_a_traceback_again_with_other_numbers_is_alike_and_not_novel() -> None:
             s,
             i,
             "python run.py",  # the same command; its traceback changes only in its numbers and paths
-            f"Traceback (most recent call last):\n  File \"/tmp/tmp{i}x/run.py\", line {10 + i}\nKeyError: 'id'",
+            f'Traceback (most recent call last):\n  File "/tmp/tmp{i}x/run.py", line {10 + i}\n'
+            "KeyError: 'id'",
             error=True,
         )
     assert feat(s, "result_similarity_max") == 1.0

@@ -478,13 +478,16 @@ def _floors_section(guard: Mapping[str, Any]) -> list[str]:
         limits.append(f"{float(value):g} of value")
     lines.append(
         f"No policy that loses more than {' or '.join(limits)} against the logged runs in cross-validation "
-        "(in any data set) may ship: the heuristic is chosen among those within, never-stop included, and "
-        "the learned model ships only within."
+        "(in any data set, at their own stop) may ship, unless the value it gains there is at least the "
+        "success it loses (it would still beat the logged runs were cost worth half as much): the heuristic "
+        "is chosen among those within, never-stop included, and the learned model ships only within."
     )
     lines.append("")
     for who in ("learned", "heuristic"):
         if f"{who}_success_loss" in guard:
             ok = "within" if guard.get(f"{who}_within_floors") else "**outside: refused**"
+            if guard.get(f"{who}_success_paid"):
+                ok = "within: the value it gains pays for the success it loses twice over"
             lines.append(
                 f"- {who}: success loss {_fmt(guard[f'{who}_success_loss'])}, "
                 f"value loss {_fmt(guard.get(f'{who}_value_loss'))} ({ok})"

@@ -496,7 +496,9 @@ def trace_from_swe_agent(
             "tool": tool,
             **content_refs(observation, sketch=sketch),
         }
-        progress = extract(observation, tool=tool)
+        # an editor's sub-command (``str_replace_editor view ...``) says whether a file changed
+        args = words[1].split(maxsplit=1) if len(words) > 1 else []
+        progress = extract(observation, tool=tool, tool_input={"command": args[0]} if args else None)
         if progress is not None:
             ret["progress"] = progress
         events.append(ret)

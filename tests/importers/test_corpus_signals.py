@@ -213,3 +213,25 @@ def test_import_no_sketch_does_not_compute_them(tmp_path: Path, monkeypatch: pyt
     assert [e.content_ref for t in with_ for e in t.events] == [
         e.content_ref for t in without for e in t.events
     ]
+
+
+def test_swe_agent_editor_views_change_no_file(tmp_path: Path) -> None:
+    steps = [
+        ("str_replace_editor view /repo/app.py", "Here's the result of running `cat -n` on /repo/app.py"),
+        (
+            "str_replace_editor str_replace /repo/app.py --old_str a --new_str b",
+            "The file /repo/app.py has been edited.",
+        ),
+        ("python -m pytest -q", "1 failed, 3 passed in 0.12s"),
+        ("submit", ""),
+    ]
+    traj = {
+        "trajectory": [{"action": a, "observation": o, "execution_time": 1.0} for a, o in steps],
+        "info": {},
+    }
+    path = tmp_path / "run-1.traj"
+    path.write_text(json.dumps(traj))
+    (trace,) = IMPORTERS["mini-swe-agent"]([path])
+    got = [e.progress for e in trace.events if e.type == "return"]
+    assert [p.files_changed if p else None for p in got] == [0, 1, None]
+    assert got[2] is not None and (got[2].tests_passed, got[2].tests_failed) == (3, 1)

@@ -53,6 +53,7 @@ __all__ = [
     "ModelArtifact",
     "library_versions",
     "load_model_dir",
+    "reads_features",
     "render_model_card",
     "save_model_dir",
     "sha256_bytes",
@@ -246,8 +247,9 @@ def load_model_dir(
     """Read and verify a model directory.
 
     Every file listed in the manifest must exist with the recorded sha256, the
-    manifest's feature names must equal ``feature_names`` (default:
-    :data:`stopserve.features.FEATURE_NAMES`) in order, and every model the
+    manifest's feature names must be ``feature_names`` (default:
+    :data:`stopserve.features.FEATURE_NAMES`) in order, or their start (a model of a featurizer
+    that had fewer features: :func:`reads_features`), and every model the
     manifest names must be present. Raises :class:`ModelNotFoundError` or
     :class:`ModelIntegrityError` naming the file and what is wrong.
     """
@@ -283,7 +285,7 @@ def load_model_dir(
 
         feature_names = FEATURE_NAMES
     recorded = manifest.feature_names
-    if manifest.kind == "model" and list(recorded or []) != list(feature_names):
+    if manifest.kind == "model" and not reads_features(recorded or [], feature_names):
         raise ModelIntegrityError(
             f"{mpath}: feature_names: {_feature_diff(list(recorded or []), list(feature_names))}; "
             "the model was trained with another featurizer version: retrain it"
@@ -302,6 +304,16 @@ def load_model_dir(
     card = blobs.get(CARD_FILE)
     text = card.decode("utf-8", "replace") if card is not None else None
     return ModelArtifact(path=root, manifest=manifest, models=models, card=text)
+
+
+def reads_features(recorded: Sequence[str], names: Sequence[str]) -> bool:
+    """Whether a model trained on features ``recorded`` reads the vectors of featurizer ``names``.
+
+    Features are only ever added at the end (``stopserve.features``), so a model of an older
+    featurizer reads the first ``len(recorded)`` values of a newer one's vector: its names must
+    be a prefix of ``names``, in order. Any other difference is a featurizer the model never saw.
+    """
+    return bool(recorded) and list(recorded) == list(names[: len(recorded)])
 
 
 def _feature_diff(recorded: list[str], expected: list[str]) -> str:
@@ -466,13 +478,16 @@ def _floors_section(guard: Mapping[str, Any]) -> list[str]:
         limits.append(f"{float(value):g} of value")
     lines.append(
         f"No policy that loses more than {' or '.join(limits)} against the logged runs in cross-validation "
-        "(in any data set) may ship: the heuristic is chosen among those within, never-stop included, and "
-        "the learned model ships only within."
+        "(in any data set, at their own stop) may ship, unless the value it gains there is at least the "
+        "success it loses (it would still beat the logged runs were cost worth half as much): the heuristic "
+        "is chosen among those within, never-stop included, and the learned model ships only within."
     )
     lines.append("")
     for who in ("learned", "heuristic"):
         if f"{who}_success_loss" in guard:
             ok = "within" if guard.get(f"{who}_within_floors") else "**outside: refused**"
+            if guard.get(f"{who}_success_paid"):
+                ok = "within: the value it gains pays for the success it loses twice over"
             lines.append(
                 f"- {who}: success loss {_fmt(guard[f'{who}_success_loss'])}, "
                 f"value loss {_fmt(guard.get(f'{who}_value_loss'))} ({ok})"

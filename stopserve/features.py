@@ -100,6 +100,11 @@ LOOP_PATTERNS: Final[tuple[str, ...]] = (
 #: Two texts whose sketches are at least this alike count as the same for ``near_repeat``: strict
 #: (issue 37: loose settings chosen on one SWE set lost 3-6 points of success on another).
 NEAR_SIMILARITY: Final = 0.9
+#: Steps (action, result) the content features look back over: similarity and novelty.
+CONTENT_WINDOW: Final = 8
+#: A result at least this alike (by sketch) to an earlier one in the window is not novel (the
+#: threshold issue 37's measurements of repeats on real runs used).
+NOVEL_SIMILARITY: Final = 0.8
 #: Event ids kept per agent for the repeated-reply report.
 _REPLY_ID_WINDOW: Final = 8
 
@@ -175,6 +180,19 @@ _BLOCKS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ),
     # the reward's trend: a run still improving is not done
     ("rewards", ("reward_gain_recent", "reward_improving_run")),
+    # what the run's content shows (sketches and progress, when the events carry them; else NaN)
+    (
+        "content",
+        (
+            "near_repeat_run",
+            "result_similarity_max",
+            "action_similarity_max",
+            "novelty_recent",
+            "steps_since_progress",
+            "tests_failing_share",
+            "ledger_stall_run",
+        ),
+    ),
 )
 
 FEATURE_NAMES: Final[tuple[str, ...]] = tuple(name for _, names in _BLOCKS for name in names)
@@ -261,6 +279,8 @@ class RunState:
     """
 
     __slots__ = (
+        "_act_sim",
+        "_act_sketches",
         "_active_window",
         "_agent_ret_ref",
         "_agents",
@@ -305,11 +325,14 @@ class RunState:
         "_near_prev",
         "_near_run",
         "_new_content",
+        "_novel",
         "_pairs",
         "_pending",
         "_pending_action",
         "_prev_reward",
         "_primary_channel",
+        "_prog_last",
+        "_prog_steps",
         "_proposal_open",
         "_proposals",
         "_quiet",
@@ -322,6 +345,8 @@ class RunState:
         "_reply_last",
         "_reply_mark",
         "_reply_run",
+        "_res_sim",
+        "_res_sketches",
         "_rewards_recent",
         "_same_err_run",
         "_same_res_run",
@@ -330,6 +355,7 @@ class RunState:
         "_sigs",
         "_step_new",
         "_step_refs",
+        "_tests_share",
         "_tokens",
         "_tokens_at_turn",
         "_tokens_last_turn",
@@ -391,6 +417,18 @@ class RunState:
         # near repeats: the last (action, result) as (agent, tool, ref, sketch, result ref, sketch, progress)
         self._near_prev: _Near | None = None
         self._near_run = 0
+        # content features: the last steps' sketches (actions, results), the latest step's
+        # similarity to them, and which of the last results were novel
+        self._act_sketches: deque[str] = deque(maxlen=CONTENT_WINDOW)
+        self._res_sketches: deque[str] = deque(maxlen=CONTENT_WINDOW)
+        self._act_sim = _NAN
+        self._res_sim = _NAN
+        self._novel: deque[bool] = deque(maxlen=CONTENT_WINDOW)
+        # progress: the latest step that carried a progress reading, steps since one showed a step
+        # forward (or since the first reading), the latest failing-test share
+        self._prog_last: _ProgressKey | None = None
+        self._prog_steps = 0
+        self._tests_share = _NAN
         self._mono_run = 0
         self._mono_agent: str | None = None
         self._mono_ref: str | None = None
@@ -783,6 +821,7 @@ class RunState:
             None if rdict is None else rdict.get("sketch"),
             _progress_key(None if rdict is None else rdict.get("progress"), failed),
         )
+        self._content(cur)
         prev = self._near_prev
         self._near_prev = cur
         if result_ref is None or (aref is None and cur[3] is None):
@@ -797,6 +836,28 @@ class RunState:
             self._near_run += 1
         else:
             self._near_run = 1
+
+    def _content(self, cur: _Near) -> None:
+        """The content features of one finished step: its similarity to the last steps, its novelty,
+        and what its progress reading shows (the "content" block; NaN where the events carry none)."""
+        sk_act, sk_res, key = cur[3], cur[5], cur[6]
+        self._act_sim = _max_similarity(sk_act, self._act_sketches)
+        self._res_sim = sim = _max_similarity(sk_res, self._res_sketches)
+        if sk_act is not None:
+            self._act_sketches.append(sk_act)
+        if sk_res is not None:
+            self._novel.append(not sim >= NOVEL_SIMILARITY)  # the first result (NaN) is novel
+            self._res_sketches.append(sk_res)
+        known = any(v is not None for v in key[:6])
+        last = self._prog_last
+        if known:
+            self._prog_steps = 0 if last is None or _progressed(last, key) else self._prog_steps + 1
+            self._prog_last = key
+            passed, failed = key[0], key[1]
+            if passed is not None and failed is not None and passed + failed > 0:
+                self._tests_share = failed / (passed + failed)
+        elif last is not None:
+            self._prog_steps += 1
 
     def _consensus_update(self, agent: str, ref: str | None) -> None:
         latest = self._agent_ret_ref
@@ -925,6 +986,13 @@ class RunState:
             _NAN if best is None or not self._tokens else (self._tokens - self._best_tokens) / self._tokens,
             self._reward_gain_recent(),
             self._improving_run,
+            self._near_run,
+            self._res_sim,
+            self._act_sim,
+            sum(self._novel) / len(self._novel) if self._novel else _NAN,
+            _NAN if self._prog_last is None else self._prog_steps,
+            self._tests_share,
+            self._ledger_stall_run if self._ledger_turns else _NAN,
         ]
         # fromiter: 3x faster than np.array on a short list of mixed ints and floats
         return np.fromiter(values, dtype=np.float64, count=_N_FEATURES)
@@ -1171,6 +1239,23 @@ def _alike(ref_a: str | None, sk_a: str | None, ref_b: str | None, sk_b: str | N
     return _sketch.similarity(_sketch.parse(sk_a), _sketch.parse(sk_b)) >= NEAR_SIMILARITY
 
 
+def _max_similarity(wire: str | None, earlier: Iterable[str]) -> float:
+    """The highest similarity of sketch ``wire`` to the ``earlier`` ones (NaN: none to compare)."""
+    if wire is None:
+        return _NAN
+    best = _NAN
+    parsed: _sketch.Sketch | None = None
+    for other in earlier:
+        if other == wire:
+            return 1.0
+        if parsed is None:
+            parsed = _sketch.parse(wire)
+        sim = _sketch.similarity(parsed, _sketch.parse(other))
+        if not sim <= best:  # NaN at first
+            best = sim
+    return best
+
+
 def _near_pair(prev: _Near, cur: _Near) -> bool:
     """One side the same, the other the same or near: a rephrased action with the same result, or
     the same action failing with a near result. Both sides near is no repeat (a probe of
@@ -1227,8 +1312,9 @@ def _progressed(before: Sequence[Any], now: Sequence[Any]) -> bool:
 
 #: The header of :meth:`RunState.to_bytes`; a change of what a slot means bumps the version.
 STATE_FORMAT: Final = "stopserve.runstate"
-# 2: a reward no longer counts as a turn; 3: the orchestrator-ledger counters; 4: near repeats
-STATE_VERSION: Final = 4
+# 2: a reward no longer counts as a turn; 3: the orchestrator-ledger counters; 4: near repeats;
+# 5: the content features (sketch similarity, novelty, progress)
+STATE_VERSION: Final = 5
 _STATE_SLOTS: Final[tuple[str, ...]] = RunState.__slots__
 
 
@@ -1292,6 +1378,7 @@ _DECODE: Final[dict[str, Callable[[Any], Any]]] = {
     "_pending_action": lambda e: None if e is None else Event.model_validate_json(e),
     "_pairs": _pairs_in,
     "_near_prev": _near_in,
+    "_prog_last": lambda t: None if t is None else tuple(t),
     "_reply_ids": lambda d: {k: deque(v, maxlen=_REPLY_ID_WINDOW) for k, v in d.items()},
     "_sig_pos": _sig_pos_in,
     "_sigs": _sigs_in,

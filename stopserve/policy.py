@@ -53,7 +53,7 @@ from typing import Any, Final, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from stopserve.artifacts import ModelArtifact, load_model_dir
+from stopserve.artifacts import ModelArtifact, load_model_dir, reads_features
 from stopserve.decision import StopDecision
 from stopserve.errors import ModelIntegrityError
 from stopserve.evidence import DEFAULT_EVIDENCE, Evidence, stall
@@ -272,6 +272,8 @@ class Policy:
         self.accepts_proposals: bool = m.proposals == "accept"
         self.evidence: Evidence = m.served_evidence if m.stop_on == "evidence" else DEFAULT_EVIDENCE
         self._forest: Forest | None = None
+        #: features the boosters read, when fewer than the featurizer's (an older featurizer's model)
+        self._width: int | None = None
         self._index: dict[str, int] = {}
         self.boosters: dict[str, Any] = {}
         if kind == "model" and self.method not in METHOD_MODELS:
@@ -286,9 +288,14 @@ class Policy:
                     f"method {self.method!r} needs models {', '.join(needed)}; missing {', '.join(missing)}"
                 )
             # only the boosters the method reads are evaluated per decision
+            # a model of an older featurizer reads the start of the vector (features are only appended)
+            width = {b.num_feature() for b in boosters.values()}
+            if len(width) != 1:
+                raise ModelIntegrityError(f"the models read different numbers of features: {sorted(width)}")
+            self._width = None if width == {len(FEATURE_NAMES)} else width.pop()
             self._forest = Forest(
                 {n: boosters[n] for n in needed},
-                len(FEATURE_NAMES),
+                len(FEATURE_NAMES) if self._width is None else self._width,
                 texts=texts,
                 engine=engine,
                 cache_dir=cache_dir,
@@ -356,7 +363,7 @@ class Policy:
                 booster = lgb.Booster(model_str=text)
             except Exception as exc:  # LightGBM raises its own error class on a bad text model
                 raise ModelIntegrityError(f"{source}/{name}.txt: not a LightGBM model: {exc}") from None
-            if list(booster.feature_name()) != list(FEATURE_NAMES):
+            if not reads_features(booster.feature_name(), FEATURE_NAMES):
                 raise ModelIntegrityError(
                     f"{source}/{name}.txt: its feature names differ from this stopserve's featurizer"
                 )
@@ -433,7 +440,7 @@ class Policy:
         """
         if self._forest is None:
             raise ModelIntegrityError(f"raw_rows needs a learned model; this policy is {self.kind!r}")
-        return self._forest.raw_batch(X)
+        return self._forest.raw_batch(X if self._width is None else X[:, : self._width])
 
     # ----------------------------------------------------------------- decide: one row, then many
 
@@ -487,7 +494,8 @@ class Policy:
             worth = self.resolve(objective)
             try:
                 if raw is None:
-                    raw = self._forest.raw_one(state.features())
+                    x = state.features()
+                    raw = self._forest.raw_one(x if self._width is None else x[: self._width])
                 named = {n: float(raw[i]) for n, i in self._index.items()}
                 v_, ctg_, s_ = self.values(named, turn, cost_so_far(state, self.cost_unit), worth)
                 v, ctg = float(v_), float(ctg_)

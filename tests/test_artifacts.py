@@ -76,9 +76,50 @@ def test_other_feature_names_are_refused(tmp_path: Path) -> None:
     out = save_model_dir(tmp_path / "m", _manifest(feature_names=names), {"q": _booster_text()})
     with pytest.raises(ModelIntegrityError, match="renamed"):
         load_model_dir(out)
-    out2 = save_model_dir(tmp_path / "m2", _manifest(feature_names=list(FEATURE_NAMES[:-1])), {"q": "x"})
+    # a feature left out in the middle, or one this featurizer does not know: refused
+    gap = [n for n in FEATURE_NAMES if n != "turn"]
+    out2 = save_model_dir(tmp_path / "m2", _manifest(feature_names=gap), {"q": "x"})
     with pytest.raises(ModelIntegrityError, match="features"):
         load_model_dir(out2)
+    more = [*FEATURE_NAMES, "from_the_future"]
+    out3 = save_model_dir(tmp_path / "m3", _manifest(feature_names=more), {"q": "x"})
+    with pytest.raises(ModelIntegrityError, match="from_the_future"):
+        load_model_dir(out3)
+
+
+def test_a_model_of_an_older_featurizer_reads_the_start_of_the_vector(tmp_path: Path) -> None:
+    """Features are only appended: a model trained before the last ones came decides as it did."""
+    from stopserve.features import FEATURE_GROUPS, RunState
+    from stopserve.policy import Policy
+    from stopserve.trace import Event
+
+    old = [n for n in FEATURE_NAMES if n not in FEATURE_GROUPS["content"]]
+    assert old == list(FEATURE_NAMES[: len(old)])  # the newest group is at the end
+    rng = np.random.default_rng(3)
+    X = rng.random((300, len(old))) * 10
+    y = X[:, old.index("turn")] * 0.1
+    params = {
+        "objective": "regression",
+        "verbose": -1,
+        "num_threads": 1,
+        "num_leaves": 4,
+        "min_data_in_leaf": 5,
+    }
+    booster = lgb.train(params, lgb.Dataset(X, y, feature_name=old), num_boost_round=5)
+    text = str(booster.model_to_string())
+    out = save_model_dir(tmp_path / "old", _manifest(feature_names=old), {"g": text, "k": text})
+    assert load_model_dir(out).manifest.feature_names == old
+    policy = Policy.load(out, engine="lightgbm")
+    state = RunState()
+    for i in range(6):
+        state.fold(Event(id=f"e{i}", t=float(i), type="return", agent="a", content_ref=f"r{i}"))
+    full = state.features()
+    assert len(full) == len(FEATURE_NAMES) > len(old)
+    want = float(booster.predict(full[None, : len(old)], raw_score=True)[0])
+    raw = policy.raw_rows(full[None, :])[0]
+    assert list(raw) == pytest.approx([want, want])
+    one, batch = policy.decide(state), policy.decide(state, raw=raw)
+    assert one.v_stop is not None and (one.action, one.v_stop) == (batch.action, batch.v_stop)
 
 
 def test_missing_things_are_named(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stopserve.errors import TraceValidationError
-from stopserve.features import FEATURE_NAMES, MAX_REF_CHARS, RunState
+from stopserve.features import FEATURE_GROUPS, FEATURE_NAMES, MAX_REF_CHARS, RunState
 from stopserve.trace import TOPOLOGIES, Budget, Event, Trace, is_decision_point, parse_trace
 
 
@@ -377,6 +377,8 @@ def test_real_swe_runs_fold(swe_dir: Path) -> None:
 
 
 def _may_be_nan(name: str) -> bool:
+    if name in FEATURE_GROUPS["content"]:
+        return name != "near_repeat_run"  # the content block is unknown without sketches or progress
     return name.startswith(
         (
             "budget_share",
@@ -514,7 +516,7 @@ def test_turns_since_new_result_and_scale_free_spend() -> None:
 
 
 def test_scale_free_subset_drops_absolute_sizes_and_topology() -> None:
-    from stopserve.features import ABSOLUTE_SCALE_FEATURES, FEATURE_GROUPS, scale_free_features
+    from stopserve.features import ABSOLUTE_SCALE_FEATURES, scale_free_features
 
     free = scale_free_features()
     assert not set(free) & set(ABSOLUTE_SCALE_FEATURES)
@@ -537,3 +539,102 @@ def test_reward_trend_features() -> None:
     assert feat(s, "reward_improving_run") == 4
     s.fold(ev(5, "reward", value=0.7))
     assert feat(s, "reward_improving_run") == 0
+
+
+# ---------------------------------------------------------------- content: sketches and progress
+
+
+def _step(state: RunState, i: int, command: str, output: str, **result: Any) -> None:
+    """One (action, result) step whose events carry sketches of their texts, as importers send them."""
+    from stopserve.ids import content_refs
+
+    state.fold(ev(2 * i, "tool_use", tool="bash", **content_refs(command, sketch=True)))
+    state.fold(ev(2 * i + 1, "return", tool="bash", **content_refs(output, sketch=True), **result))
+
+
+def test_content_features_are_unknown_without_sketches_or_progress() -> None:
+    s = RunState()
+    for i in range(4):
+        s.fold(ev(2 * i, "tool_use", tool="bash", content_ref=f"a{i}"))
+        s.fold(ev(2 * i + 1, "return", tool="bash", content_ref=f"r{i}"))
+    for name in FEATURE_GROUPS["content"]:
+        want = 1.0 if name == "near_repeat_run" else math.nan  # hashes alone: a fresh step each time
+        assert feat(s, name) == pytest.approx(want, nan_ok=True), name
+
+
+def test_a_traceback_again_with_other_numbers_is_alike_and_not_novel() -> None:
+    s = RunState()
+    for i in range(5):
+        _step(
+            s,
+            i,
+            "python run.py",  # the same command; its traceback changes only in its numbers and paths
+            f'Traceback (most recent call last):\n  File "/tmp/tmp{i}x/run.py", line {10 + i}\n'
+            "KeyError: 'id'",
+            error=True,
+        )
+    assert feat(s, "result_similarity_max") == 1.0
+    assert feat(s, "action_similarity_max") == 1.0
+    assert feat(s, "novelty_recent") == pytest.approx(1 / 5)  # only the first was new
+    assert feat(s, "near_repeat_run") == 5
+
+
+def test_new_outputs_each_step_are_novel() -> None:
+    s = RunState()
+    outputs = [
+        "src/app.py src/models.py src/views.py README.md setup.cfg",
+        "def handler(request): return render(request, 'index.html', context)",
+        "class User(Model): name = CharField(max_length=50); email = EmailField()",
+        "diff --git a/src/app.py b/src/app.py index changed return value of main",
+    ]
+    for i, out in enumerate(outputs):
+        _step(s, i, f"cat file number {'abcd'[i]} of the project", out)
+    assert feat(s, "novelty_recent") == 1.0
+    assert feat(s, "result_similarity_max") < 0.5
+    assert feat(s, "near_repeat_run") == 1
+
+
+def test_progress_readings_reset_the_steps_since_progress() -> None:
+    s = RunState()
+    _step(s, 0, "git status", "nothing to commit, working tree clean")
+    assert math.isnan(feat(s, "steps_since_progress")) and math.isnan(feat(s, "tests_failing_share"))
+    _step(
+        s, 1, "pytest", "=== 3 failed, 7 passed in 0.5s ===", progress={"tests_passed": 7, "tests_failed": 3}
+    )
+    assert feat(s, "steps_since_progress") == 0 and feat(s, "tests_failing_share") == pytest.approx(0.3)
+    _step(s, 2, "cat a.py", "print(1)")
+    _step(
+        s, 3, "pytest", "=== 3 failed, 7 passed in 0.6s ===", progress={"tests_passed": 7, "tests_failed": 3}
+    )
+    assert feat(s, "steps_since_progress") == 2  # the same counts: no step forward
+    _step(
+        s,
+        4,
+        "pytest -x",
+        "=== 1 failed, 9 passed in 0.6s ===",
+        progress={"tests_passed": 9, "tests_failed": 1},
+    )
+    assert feat(s, "steps_since_progress") == 0 and feat(s, "tests_failing_share") == pytest.approx(0.1)
+
+
+def test_the_orchestrators_ledger_stall_run_is_a_feature() -> None:
+    s = RunState()
+    assert math.isnan(feat(s, "ledger_stall_run"))
+    for i, made in enumerate([True, False, False]):
+        s.fold(
+            ev(i, "communicate", role="orchestrator", content_ref=f"m{i}", progress={"made_progress": made})
+        )
+    assert feat(s, "ledger_stall_run") == 2
+
+
+def test_content_features_survive_serialization_mid_run() -> None:
+    a = RunState()
+    for i in range(3):
+        _step(
+            a, i, f"grep -rn needle src/{i}", f"src/{i}/x.py:{i}: needle found", progress={"exit_code": i % 2}
+        )
+    b = RunState.from_bytes(a.to_bytes())
+    for s in (a, b):
+        _step(s, 3, "grep -rn needle src/3", "src/3/x.py:3: needle found", progress={"exit_code": 0})
+    np.testing.assert_array_equal(a.features(), b.features())
+    assert not math.isnan(feat(b, "novelty_recent"))

@@ -17,7 +17,7 @@ import pytest
 
 from stopserve.artifacts import load_model_dir, save_model_dir
 from stopserve.errors import ConfigError, ModelError
-from stopserve.features import FEATURE_NAMES, RunState
+from stopserve.features import RunState
 from stopserve.inference import ZERO_THRESHOLD, Forest, clear_compiled, probe_rows, resolve_engine
 from stopserve.objective import Objective
 from stopserve.policy import METHOD_MODELS, Policy
@@ -117,8 +117,13 @@ def shipped_compiled() -> tuple[Forest, dict[str, lgb.Booster]]:
     boosters = {n: lgb.Booster(model_str=art.models[n]) for n in names}
     texts = {n: art.models[n] for n in names}
     # the default cache dir, as the service uses it: later runs (and the e2e servers) read it
-    forest = Forest(boosters, len(FEATURE_NAMES), texts=texts, engine="tl2cgen")
+    # the features the model reads: the featurizer's, or the start of them (a model of an older one)
+    forest = Forest(boosters, _width(boosters), texts=texts, engine="tl2cgen")
     return forest, boosters
+
+
+def _width(boosters: dict[str, lgb.Booster]) -> int:
+    return next(iter(boosters.values())).num_feature()
 
 
 def _folded_rows(n_runs: int = 12) -> np.ndarray:
@@ -139,7 +144,8 @@ def _folded_rows(n_runs: int = 12) -> np.ndarray:
 def test_shipped_model_compiled_equals_lightgbm(shipped_compiled: tuple[Forest, dict[str, Any]]) -> None:
     forest, boosters = shipped_compiled
     assert forest.info.engine == "tl2cgen"
-    X = np.vstack([_hard_rows(boosters, len(FEATURE_NAMES), n=600), _folded_rows()])
+    n = _width(boosters)
+    X = np.vstack([_hard_rows(boosters, n, n=600), _folded_rows()[:, :n]])
     got = np.array([forest.raw_one(x) for x in X])
     np.testing.assert_array_equal(got, _reference(boosters, X))
 

@@ -150,6 +150,10 @@ def validate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Importers whose ``read`` takes ``sketch=False`` (the texts are not sketched at all).
+_SKETCH_OPTION: Final = frozenset({"intercode", "mini-swe-agent", "mint"})
+
+
 def _without_sketches(trace: Trace) -> Trace:
     """``trace`` with no event carrying a sketch (``stopserve import --no-sketch``)."""
     events = [e.model_copy(update={"sketch": None}) if e.sketch is not None else e for e in trace.events]
@@ -182,6 +186,8 @@ def import_traces(args: argparse.Namespace) -> int:
             options["labels"] = args.labels
     elif args.labels is not None:
         raise ImporterError("--labels applies to claude-code and codex only")
+    if args.no_sketch and args.format in _SKETCH_OPTION:
+        options["sketch"] = False  # not computed at all; the others' are dropped as they are written
 
     skipped: list[ImporterError] = []
     out = Path(args.output)

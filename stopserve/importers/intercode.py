@@ -15,7 +15,8 @@ Each turn ``k`` (``t = k``, the source has no timestamps) is a ``tool_use`` by t
 (``tool`` = the environment: ``sql``, ``bash``, ``python``, ``ctf``; ``error`` = not
 ``valid_action``, none when it is ``null`` or absent: the Python environment and CTF's
 25-turn logs do not check actions; ``tokens`` estimated by :func:`estimate_tokens`) and a
-``return`` by ``env`` (``error`` by :func:`is_error_output`).
+``return`` by ``env`` (``error`` by :func:`is_error_output`; ``progress`` by
+:func:`stopserve.signals.progress.extract`, with exit code 0 for a valid Bash or CTF action).
 What the harness graded and showed differs by strategy, and so does the mapping:
 
 * multi-turn: every action is graded with ``submit`` and the reward is shown in the
@@ -47,6 +48,7 @@ from stopserve.importers._common import (
     load_json,
     report,
 )
+from stopserve.signals.progress import extract
 from stopserve.trace import FORMAT_TAG, Trace
 
 __all__ = ["INSTRUCTION_TOKENS", "LogFile", "convert", "estimate_tokens", "is_error_output", "read"]
@@ -235,8 +237,11 @@ def _at(texts: Sequence[str], k: int) -> str:
     return texts[k] if k < len(texts) else ""
 
 
-def convert(run: Any, source: LogFile, key: str) -> Trace:
-    """Convert one run (the value at run index ``key`` of a log file described by ``source``)."""
+def convert(run: Any, source: LogFile, key: str, *, sketch: bool = True) -> Trace:
+    """Convert one run (the value at run index ``key`` of a log file described by ``source``).
+
+    ``sketch=False`` leaves the texts' sketches out (their hashes stay).
+    """
     file = source.path
     if not isinstance(run, dict):
         raise fail(f"expected a run object, got {type(run).__name__}", file=file, path=key)
@@ -280,7 +285,7 @@ def convert(run: Any, source: LogFile, key: str) -> Trace:
             "agent": model,
             "role": "assistant",
             "tool": env,
-            **content_refs(code),
+            **content_refs(code, sketch=sketch),
             "tokens": tokens,
         }
         if turns.valid[k] is not None:
@@ -292,9 +297,14 @@ def convert(run: Any, source: LogFile, key: str) -> Trace:
             "type": "return",
             "agent": "env",
             "tool": env,
-            **content_refs(observation),
+            **content_refs(observation, sketch=sketch),
             "error": failed or is_error_output(observation, env),
         }
+        # a shell's valid_action is its exit status being 0; a failure's code is not logged
+        exit_code = 0 if env in _SHELL_ENVS and turns.valid[k] is True else None
+        progress = extract(observation, tool=env, exit_code=exit_code, failed=ret["error"])
+        if progress is not None:
+            ret["progress"] = progress
         if strategy != "react":
             ret["grade"] = turns.rewards[k]
         events.append(ret)
@@ -319,7 +329,7 @@ def convert(run: Any, source: LogFile, key: str) -> Trace:
     if strategy == "react":
         if react_submit:
             team = turns.rewards[-1]
-            end.update(grade=team, **content_refs(turns.observations[-1]))
+            end.update(grade=team, **content_refs(turns.observations[-1], sketch=sketch))
             if _at(turns.thoughts, n - 1).startswith(_HARNESS_SUBMIT):
                 reason, limit = "budget_exhausted", "turns"  # the harness submitted for the model
             else:
@@ -416,13 +426,17 @@ def _log_file(path: Path, meta: Mapping[str, Any], first_run: Mapping[str, Any] 
 
 
 def read(
-    sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], *, on_error: OnError = None
+    sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
+    *,
+    on_error: OnError = None,
+    sketch: bool = True,
 ) -> Iterator[Trace]:
     """Yield one :class:`Trace` per run of InterCode log files (``.json`` or ``.json.gz``).
 
     ``sources`` are files or folders (searched recursively). A run that cannot be
     converted, or a file that holds no runs (a bare run configuration), raises
     :class:`ImporterError` or goes to ``on_error`` and is skipped.
+    ``sketch=False`` leaves the texts' sketches out (``stopserve import --no-sketch``).
 
     >>> traces = read("../shared/data/intercode-train")  # doctest: +SKIP
     """
@@ -436,6 +450,6 @@ def read(
         source = _log_file(path, meta, first)
         for key, run in runs.items():
             try:
-                yield convert(run, source, str(key))
+                yield convert(run, source, str(key), sketch=sketch)
             except ImporterError as err:
                 report(err, on_error)

@@ -14,7 +14,9 @@ One step (one model call) becomes:
   ``extra.cost``), ``t`` = its ``created`` time relative
   to the first call, ``content_ref`` = hash of the command;
 * ``return`` by ``bash``: ``error`` = non-zero ``<returncode>`` (or a timeout),
-  ``content_ref`` = hash of the output.
+  ``content_ref`` = hash of the output, ``progress`` = what the output shows (exit code,
+  pytest / unittest counts, error signature, files changed:
+  :func:`stopserve.signals.progress.extract`).
 
 A reply without exactly one command (a format error) is a ``tool_use`` whose ref
 hashes the reply, then a ``return`` with ``error: true`` and ``format_error: true``.
@@ -45,6 +47,7 @@ import orjson
 from stopserve.errors import ImporterError
 from stopserve.ids import content_refs
 from stopserve.importers._common import OnError, fail, finish, iter_files, load_json, report
+from stopserve.signals.progress import extract
 from stopserve.trace import FORMAT_TAG, Trace
 
 __all__ = ["read", "repo_of", "trace_from_mini", "trace_from_swe_agent"]
@@ -213,7 +216,9 @@ def _tokens(usage: Mapping[str, Any]) -> int:
     return total
 
 
-def _final_stop(t: float, reason: str, exit_status: Any, info: Mapping[str, Any]) -> dict[str, Any]:
+def _final_stop(
+    t: float, reason: str, exit_status: Any, info: Mapping[str, Any], *, sketch: bool = True
+) -> dict[str, Any]:
     """The run's own final stop event (both harnesses end with one; the submission's hash as its ref)."""
     event: dict[str, Any] = {
         "id": "end",
@@ -225,7 +230,7 @@ def _final_stop(t: float, reason: str, exit_status: Any, info: Mapping[str, Any]
         "exit_status": exit_status,
     }
     if info.get("submission"):
-        event.update(content_refs(str(info["submission"])))
+        event.update(content_refs(str(info["submission"]), sketch=sketch))
     return event
 
 
@@ -248,8 +253,13 @@ def _stop_reason(
     return "error", None
 
 
-def trace_from_mini(data: Any, file: str | os.PathLike[str], resolved: bool | None = None) -> Trace:
-    """Convert one parsed mini-swe-agent trajectory (formats ``mini-swe-agent-1`` and ``-1.1``)."""
+def trace_from_mini(
+    data: Any, file: str | os.PathLike[str], resolved: bool | None = None, *, sketch: bool = True
+) -> Trace:
+    """Convert one parsed mini-swe-agent trajectory (formats ``mini-swe-agent-1`` and ``-1.1``).
+
+    ``sketch=False`` leaves the texts' sketches out (their hashes stay).
+    """
     if not isinstance(data, dict):
         raise fail(f"expected a JSON object, got {type(data).__name__}", file=file)
     messages = data.get("messages")
@@ -309,7 +319,7 @@ def trace_from_mini(data: Any, file: str | os.PathLike[str], resolved: bool | No
         is_last = k == len(steps) - 1
         command = actions[0] if len(actions) == 1 else None
         if command is not None and any(m in command for m in _SUBMIT_MARKERS) and (is_last or not text):
-            use.update(content_refs(command))
+            use.update(content_refs(command, sketch=sketch))
             events.append(use)
             events.append(
                 {
@@ -319,7 +329,7 @@ def trace_from_mini(data: Any, file: str | os.PathLike[str], resolved: bool | No
                     "agent": "agent",
                     "reason": "information_complete" if submitted or is_last else "unknown",
                     "proposed": False,
-                    **content_refs(str(info.get("submission") or text)),
+                    **content_refs(str(info.get("submission") or text), sketch=sketch),
                 }
             )
             break
@@ -332,19 +342,25 @@ def trace_from_mini(data: Any, file: str | os.PathLike[str], resolved: bool | No
         }
         if command is None or any(h in text for h in _FORMAT_ERROR_HINTS):
             n_format_errors += 1
-            use.update(content_refs(_content_text(msg.get("content"))))
+            use.update(content_refs(_content_text(msg.get("content")), sketch=sketch))
             use["format_error"] = True
-            ret.update(error=True, format_error=True, **content_refs(text))
+            ret.update(error=True, format_error=True, **content_refs(text, sketch=sketch))
+            progress = extract(text, failed=True)
         else:
-            use.update(content_refs(command))
+            use.update(content_refs(command, sketch=sketch))
             code = _returncode(observations, text)
             out = _OUTPUT_RE.search(text)
-            ret.update(content_refs(out.group(1) if out else text))
+            output = out.group(1) if out else text
+            ret.update(content_refs(output, sketch=sketch))
             if code is not None:
                 ret["returncode"] = code
                 ret["error"] = code != 0
             elif _TIMEOUT_HINT in text:
                 ret.update(error=True, timeout=True)
+            # the output the ref hashes, with the exit status read around it
+            progress = extract(output, tool="bash", exit_code=code, failed=ret.get("error"))
+        if progress is not None:
+            ret["progress"] = progress
         events.append(use)
         if observations or not is_last:
             events.append(ret)
@@ -365,7 +381,7 @@ def trace_from_mini(data: Any, file: str | os.PathLike[str], resolved: bool | No
     last_t = events[-1]["t"]
     if events[-1]["type"] != "stop":
         reason, limit = _stop_reason(exit_status, len(steps), usd, budget)
-        events.append(_final_stop(last_t, reason, exit_status, info))
+        events.append(_final_stop(last_t, reason, exit_status, info, sketch=sketch))
     else:
         reason, limit = events[-1]["reason"], None
     by = "orchestrator" if reason in ("information_complete", "unknown") else "safety_net"
@@ -421,12 +437,15 @@ def _swe_stop(exit_status: str) -> tuple[str, str | None]:
     return "error", None
 
 
-def trace_from_swe_agent(data: Any, file: str | os.PathLike[str], resolved: bool | None = None) -> Trace:
+def trace_from_swe_agent(
+    data: Any, file: str | os.PathLike[str], resolved: bool | None = None, *, sketch: bool = True
+) -> Trace:
     """Convert one parsed SWE-agent ``.traj`` (``trajectory`` of action/observation/state).
 
     SWE-agent logs token totals per run, not per step: each step gets an equal share
     (``metrics.tokens_estimated = 1``); ``t`` sums the steps' ``execution_time``; a
     step's ``error`` is unknown (SWE-agent records no return code) and left out.
+    ``sketch=False`` leaves the texts' sketches out (their hashes stay).
     """
     if not isinstance(data, dict):
         raise fail(f"expected a JSON object, got {type(data).__name__}", file=file)
@@ -458,7 +477,7 @@ def trace_from_swe_agent(data: Any, file: str | os.PathLike[str], resolved: bool
             raise fail("expected the action as a string", file=file, path=f"trajectory[{k}].action")
         words = action.strip().split(maxsplit=1)
         tool = words[0] if words else "empty"
-        use = _call(k, t, tool, **content_refs(action))
+        use = _call(k, t, tool, **content_refs(action, sketch=sketch))
         use["tokens"] = total_tokens // n + (1 if k < total_tokens % n else 0)
         if usd_total is not None:
             use["usd"] = usd_total / n
@@ -468,18 +487,23 @@ def trace_from_swe_agent(data: Any, file: str | os.PathLike[str], resolved: bool
             t += float(elapsed)
         if tool == "submit" and k == n - 1:
             break
-        events.append(
-            {
-                "id": f"s{k + 1}.out",
-                "t": t,
-                "type": "return",
-                "agent": tool,
-                "tool": tool,
-                **content_refs(_content_text(step.get("observation"))),
-            }
-        )
+        observation = _content_text(step.get("observation"))
+        ret: dict[str, Any] = {
+            "id": f"s{k + 1}.out",
+            "t": t,
+            "type": "return",
+            "agent": tool,
+            "tool": tool,
+            **content_refs(observation, sketch=sketch),
+        }
+        # an editor's sub-command (``str_replace_editor view ...``) says whether a file changed
+        args = words[1].split(maxsplit=1) if len(words) > 1 else []
+        progress = extract(observation, tool=tool, tool_input={"command": args[0]} if args else None)
+        if progress is not None:
+            ret["progress"] = progress
+        events.append(ret)
     reason, limit = _swe_stop(exit_status)
-    events.append(_final_stop(t, reason, exit_status, info))
+    events.append(_final_stop(t, reason, exit_status, info, sketch=sketch))
     stop: dict[str, Any] = {"reason": reason, "by": "orchestrator" if limit is None else "safety_net", "t": t}
     if limit:
         stop["limit"] = limit
@@ -514,12 +538,14 @@ def read(
     reports: str | os.PathLike[str] | None = None,
     *,
     on_error: OnError = None,
+    sketch: bool = True,
 ) -> Iterator[Trace]:
     """Yield one :class:`Trace` per ``.traj.json`` (mini-swe-agent) or ``.traj`` (SWE-agent) file.
 
     A run folder's ``results_summary.json`` and ``reports/`` are used when ``results``
     and ``reports`` are not given. A file that cannot be converted raises
-    :class:`ImporterError`, or goes to ``on_error`` and is skipped.
+    :class:`ImporterError`, or goes to ``on_error`` and is skipped. ``sketch=False`` leaves
+    the texts' sketches out (``stopserve import --no-sketch``).
 
     >>> traces = read("../shared/data/swe-verified-gemini3-train")  # doctest: +SKIP
     """
@@ -554,9 +580,9 @@ def read(
             iid = _instance_id(data, file)
             resolved = outcomes.get(iid)
             if is_swe:
-                yield trace_from_swe_agent(data, file, resolved)
+                yield trace_from_swe_agent(data, file, resolved, sketch=sketch)
             else:
-                yield trace_from_mini(data, file, resolved)
+                yield trace_from_mini(data, file, resolved, sketch=sketch)
         except ImporterError as err:
             report(err, on_error)
 

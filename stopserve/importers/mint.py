@@ -19,7 +19,8 @@ model is one turn (``t`` = its index, the source has no timestamps):
   succeeded on, else 0.0; answered ``Your answer is wrong.`` -> ``reward`` 0.0 by ``env``;
 * else code in ``<execute>...</execute>`` (or a fenced python block, which later MINT
   versions ask for) that the environment ran: ``tool_use`` (``tool: "python"``), then
-  the ``Observation`` as a ``return`` by ``env`` (``error`` by :func:`is_error_output`);
+  the ``Observation`` as a ``return`` by ``env`` (``error`` by :func:`is_error_output`,
+  ``progress`` by :func:`stopserve.signals.progress.extract`: exception signature, counts);
 * else (or ``I don't understand your input``): ``communicate`` to ``env`` and a
   ``return`` with ``error: true``; an action MINT did not record (an empty reply leaves
   two user messages in a row) is the same with an empty ref and ``missing: true``.
@@ -53,6 +54,7 @@ from stopserve.importers._common import (
     iter_json_records,
     report,
 )
+from stopserve.signals.progress import extract
 from stopserve.trace import FORMAT_TAG, Trace
 
 __all__ = ["RunPath", "apportion", "convert", "is_error_output", "parse_path", "read"]
@@ -255,8 +257,18 @@ def _final_reason(success: bool, terminate: Any) -> tuple[str, str, str | None]:
     return "unknown", "external", None
 
 
-def convert(record: Any, where: RunPath, *, file: str | os.PathLike[str], line: int | None = None) -> Trace:
-    """Convert one parsed line of a MINT ``results.jsonl`` whose path said ``where``."""
+def convert(
+    record: Any,
+    where: RunPath,
+    *,
+    file: str | os.PathLike[str],
+    line: int | None = None,
+    sketch: bool = True,
+) -> Trace:
+    """Convert one parsed line of a MINT ``results.jsonl`` whose path said ``where``.
+
+    ``sketch=False`` leaves the texts' sketches out (their hashes stay).
+    """
     name = str(file)
     if not isinstance(record, dict):
         raise fail(f"expected a JSON object, got {type(record).__name__}", file=name, line=line)
@@ -338,17 +350,17 @@ def convert(record: Any, where: RunPath, *, file: str | os.PathLike[str], line: 
                 type="stop",
                 proposed=True,
                 reason="information_complete",
-                **content_refs(answer or text),
+                **content_refs(answer or text, sketch=sketch),
                 grade=1.0 if won else 0.0,
             )
             n_propose += 1
         elif code is not None and not refused:
             kind = "tool"
-            act.update(type="tool_use", tool="python", **content_refs(code))
+            act.update(type="tool_use", tool="python", **content_refs(code, sketch=sketch))
             n_tool += 1
         else:
             kind = "invalid"
-            act.update(type="communicate", to="env", **content_refs(text or ""))
+            act.update(type="communicate", to="env", **content_refs(text or "", sketch=sketch))
             if text is None:
                 act["missing"] = True
                 n_missing += 1
@@ -366,7 +378,7 @@ def convert(record: Any, where: RunPath, *, file: str | os.PathLike[str], line: 
                         "agent": fb_agent,
                         "role": "critic",
                         "to": model,
-                        **content_refs(feedback),
+                        **content_refs(feedback, sketch=sketch),
                         "tokens": fb_of_turn[k],
                     }
                 )
@@ -374,11 +386,14 @@ def convert(record: Any, where: RunPath, *, file: str | os.PathLike[str], line: 
             if kind == "propose" and observation.strip().startswith(_WRONG):
                 env.update(type="reward", channel="quality", value=0.0)
             else:
-                env.update(type="return", **content_refs(observation))
+                env.update(type="return", **content_refs(observation, sketch=sketch))
                 if kind == "tool":
                     env.update(tool="python", error=is_error_output(observation))
                 else:  # refused, or a proposal MINT could not parse
                     env["error"] = True
+                progress = extract(observation, tool=env.get("tool"), failed=env["error"])
+                if progress is not None:
+                    env["progress"] = progress
             events.append(env)
         if won:
             events.append(
@@ -452,7 +467,10 @@ def convert(record: Any, where: RunPath, *, file: str | os.PathLike[str], line: 
 
 
 def read(
-    sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], *, on_error: OnError = None
+    sources: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
+    *,
+    on_error: OnError = None,
+    sketch: bool = True,
 ) -> Iterator[Trace]:
     """Yield one :class:`Trace` per line of MINT ``results.jsonl`` / ``results.jsonl.gz`` files.
 
@@ -460,6 +478,7 @@ def read(
     A line that cannot be converted, or a file found in a folder whose path does not
     follow the layout, raises :class:`ImporterError` or goes to ``on_error`` and is
     skipped; a file named directly whose path does not follow the layout always raises.
+    ``sketch=False`` leaves the texts' sketches out (``stopserve import --no-sketch``).
 
     >>> traces = read("../shared/data/mint-train")  # doctest: +SKIP
     """
@@ -495,6 +514,6 @@ def read(
                     assert layout_error is not None
                     raise layout_error
                 try:
-                    yield convert(record, where, file=path, line=line)
+                    yield convert(record, where, file=path, line=line, sketch=sketch)
                 except ImporterError as err:
                     report(err, on_error)

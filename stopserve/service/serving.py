@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from stopserve.api import ChallengerInfo, ModelInfo, ReadyResponse, ReloadResponse
-from stopserve.artifacts import ModelArtifact, load_model_dir
+from stopserve.artifacts import ModelArtifact, load_model_dir, reads_features
 from stopserve.errors import ModelError, ModelIntegrityError, ModelNotFoundError, StopServeError
 from stopserve.features import FEATURE_NAMES
 from stopserve.policy import Policy
@@ -104,7 +104,7 @@ def load_serving(path: Path | None, default_safety: SafetyConfig | None) -> Serv
     artifact = load_artifact(path)
     policy = policy_from(artifact)
     names = policy.manifest.feature_names
-    if names is not None and list(names) != list(FEATURE_NAMES):
+    if names is not None and not reads_features(names, FEATURE_NAMES):
         raise ModelIntegrityError(f"{path}/manifest.json: feature_names differ from this featurizer's")
     # only the card the manifest lists and hashes, read once with the other files
     card = artifact.card

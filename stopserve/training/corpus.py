@@ -127,16 +127,27 @@ def subsample_file(
 
 
 def import_set(name: str, shared: Path, out: Path) -> Path:
-    """Import one real set from ``shared`` (the data folder) into ``out/<name>.jsonl`` (cached)."""
+    """Import one real set from ``shared`` (the data folder) into ``out/<name>.jsonl`` (cached).
+
+    The importer's defaults apply: events carry their texts' sketches and their ``progress``.
+    The cached file is used while it is newer than the source and than the importer's module
+    (an importer that changed, say to fill a new field, imports the set again).
+    """
+    import importlib.util
+
+    from stopserve.importers import IMPORTERS, MODULES
+    from stopserve.trace import TraceWriter
+
     spec = REAL_SETS[name]
     src = shared / spec.source
     if not src.exists():
         raise TrainingError(f"{src}: not found (the shared data folder holds the real runs)")
     dst = out / f"{name}.jsonl"
-    if dst.exists() and dst.stat().st_mtime >= src.stat().st_mtime:
+    module = importlib.util.find_spec(f"stopserve.importers.{MODULES[spec.importer]}")
+    code = Path(module.origin) if module is not None and module.origin else None
+    newest = max(src.stat().st_mtime, code.stat().st_mtime if code is not None else 0.0)
+    if dst.exists() and dst.stat().st_mtime >= newest:
         return dst
-    from stopserve.importers import IMPORTERS
-    from stopserve.trace import TraceWriter
 
     out.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_suffix(".tmp.jsonl")

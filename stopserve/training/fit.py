@@ -997,12 +997,17 @@ class PolicyLearner:
             )
         for name, label, rep in (("learned", "learned", reps["learned"]), (best_heur, "heuristic", ranked)):
             losses = floor_losses(st.dp, rep, st.lam_value)
+            # success: a loss the value gained does not pay for twice over (tuning.success_kept)
+            kept_on = {"success": losses["unpaid"], "value": losses["value"]}
             over = [
                 f"{what} by {loss:.4f} on {where}"
-                for what, (loss, where) in losses.items()
+                for what, (loss, where) in kept_on.items()
                 if limits[what] is not None and loss > float(limits[what]) + 1e-9  # type: ignore[arg-type]
             ]
             out[f"{label}_success_loss"] = round(losses["success"][0], 6)
+            # beyond the floor, but the value it gains pays for it twice over: kept
+            paid = limits["success"] is not None and losses["success"][0] > float(limits["success"]) + 1e-9
+            out[f"{label}_success_paid"] = paid and not over
             out[f"{label}_value_loss"] = round(losses["value"][0], 6)
             out[f"{label}_within_floors"] = not over
             if over and name == "learned":
@@ -1222,6 +1227,14 @@ def _table(rows: Iterable[tuple[str, ...]]) -> str:
     return "\n".join(out)
 
 
+def _within_words(guard: Mapping[str, Any], who: str) -> str:
+    """How a policy stands against the floors, in the summary's words."""
+    if not guard.get(f"{who}_within_floors"):
+        return "outside: refused"
+    paid = guard.get(f"{who}_success_paid")
+    return "within: the value it gains pays for it twice over" if paid else "within"
+
+
 def print_summary(learner: PolicyLearner, out: Path) -> None:
     """What ``stopserve train`` prints on stderr: the CV table, the guard, features, notes, the choice."""
     dp = learner.dp_
@@ -1256,7 +1269,7 @@ def print_summary(learner: PolicyLearner, out: Path) -> None:
             f"floors (--max-success-loss, --max-value-loss): success {_fmt_floor(guard['success_floor'])}, "
             f"value {_fmt_floor(guard['value_floor'])}; cross-validated worst loss per data set: learned "
             f"success {guard['learned_success_loss']:+.4f} "
-            f"({'within' if guard['learned_within_floors'] else 'outside: refused'}), "
+            f"({_within_words(guard, 'learned')}), "
             f"{guard['best_heuristic']} success {guard['heuristic_success_loss']:+.4f}",
             file=sys.stderr,
         )

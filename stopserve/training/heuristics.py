@@ -59,6 +59,7 @@ __all__ = [
     "policy_mask",
     "rank_families",
     "replay",
+    "success_kept",
     "sweep",
     "tune_heuristics",
 ]
@@ -568,6 +569,23 @@ class FamilyRanking:
     per_trace_q: Mapping[str, FloatArray] = field(default_factory=dict)
 
 
+def success_kept(
+    q_gain: npt.ArrayLike, v_gain: npt.ArrayLike, floor: npt.ArrayLike, tol: npt.ArrayLike = 0.0
+) -> BoolArray:
+    """Whether a policy keeps the success floor, from its gains over the logged runs (sums or means).
+
+    It keeps it if it loses at most ``floor`` of success (``-q_gain <= floor``), or if what
+    it saves pays for what it loses twice over: the value gained is at least the success lost
+    (``v_gain >= -q_gain``; put otherwise, it still beats the logged runs were cost worth half
+    of what the objective says). Trading a point of success for a few cents of cost (what no
+    user would take: issue 34's SWE runs) is refused; stopping far earlier where the objective
+    says cost is dear (a lambda at which even the optimum gives success up) is not.
+    """
+    q, v = np.asarray(q_gain, dtype=np.float64), np.asarray(v_gain, dtype=np.float64)
+    f, e = np.asarray(floor, dtype=np.float64), np.asarray(tol, dtype=np.float64)
+    return np.asarray((-q <= f + e) | (v + q >= -e), dtype=bool)
+
+
 def rank_families(
     dp: DecisionPoints,
     lam: float,
@@ -620,15 +638,20 @@ def rank_families(
     values = {h: float(v.mean()) for h, v in per_trace.items()}
     shortfall = dict.fromkeys(HEURISTICS, 0.0)
     if strata is not None and floors is not None:
-        behavior = {"value": dp.trace_q_final - lam * dp.trace_c_final, "success": dp.trace_q_final}
+        behavior = {"value": dp.trace_q_behavior - lam * dp.trace_c_behavior, "success": dp.trace_q_behavior}
+        value_floor, success_floor = floors
         for h in HEURISTICS:
             got = {"value": per_trace[h], "success": q_sums[h] / len(assignments)}
-            for what, floor in zip(("value", "success"), floors, strict=True):
-                if floor is None:
-                    continue
-                for name in np.unique(strata):
-                    m = strata == name
-                    short = float(behavior[what][m].mean() - got[what][m].mean()) - floor
+            for name in np.unique(strata):
+                m = strata == name
+                loss = {what: float(behavior[what][m].mean() - got[what][m].mean()) for what in behavior}
+                if value_floor is not None:
+                    shortfall[h] = max(shortfall[h], loss["value"] - value_floor)
+                if success_floor is not None and not success_kept(
+                    -loss["success"], -loss["value"], success_floor
+                ):
+                    # short by the lesser of: the loss past the floor, the value still to pay for it
+                    short = min(loss["success"] - success_floor, loss["success"] - (-loss["value"]))
                     shortfall[h] = max(shortfall[h], short)
     eligible = tuple(h for h in HEURISTICS if shortfall[h] <= 1e-9)
     pool = eligible or (min(HEURISTICS, key=lambda h: shortfall[h]),)

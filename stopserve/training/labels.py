@@ -121,6 +121,11 @@ class DecisionPoints:
     trace_id: StrArray
     trace_q_final: FloatArray
     trace_c_final: FloatArray
+    #: what a trace's success and cost floors are kept against: the logged runs' own stop, i.e. the
+    #: logged end, or, for a run-to-cap log that says where its behavior policy stopped
+    #: (``metrics.behavior_stop_index``), the outcome and cost there (what that policy got)
+    trace_q_behavior: FloatArray
+    trace_c_behavior: FloatArray
     optimal_value: FloatArray  # nan when the trace carries none
     optimal_lambda: FloatArray
     run_to_cap: BoolArray
@@ -208,6 +213,8 @@ class DecisionPoints:
             trace_id=self.trace_id[idx],
             trace_q_final=self.trace_q_final[idx],
             trace_c_final=self.trace_c_final[idx],
+            trace_q_behavior=self.trace_q_behavior[idx],
+            trace_c_behavior=self.trace_c_behavior[idx],
             optimal_value=self.optimal_value[idx],
             optimal_lambda=self.optimal_lambda[idx],
             run_to_cap=self.run_to_cap[idx],
@@ -274,6 +281,15 @@ def fold_events(trace: Trace, state: RunState) -> Iterator[tuple[Event, bool]]:
         row = is_decision_point(ev) or (k == n - 1 and rows == 0)
         rows += row
         yield ev, row
+
+
+def _behavior_stop(trace: Trace) -> int | None:
+    """The event where a run-to-cap log's behavior policy stopped (``metrics.behavior_stop_index``)."""
+    m = trace.metrics
+    if m.get("run_to_cap") != 1.0 or "behavior_stop_index" not in m:
+        return None
+    at = m["behavior_stop_index"]
+    return int(at) if math.isfinite(at) and 0 <= at < len(trace.events) else None
 
 
 def _quality_met(nets: SafetyConfig, state: RunState) -> bool:
@@ -345,6 +361,9 @@ class DecisionPart:
     q_final: FloatArray
     #: each trace's logged end in usd, thousands of tokens and seconds (``COST_UNITS`` order)
     c_final: FloatArray
+    #: the behavior's own stop (``DecisionPoints.trace_q_behavior``): its outcome and costs
+    q_behavior: FloatArray
+    c_behavior: FloatArray
     optimal_value: FloatArray
     optimal_lambda: FloatArray
     run_to_cap: BoolArray
@@ -448,6 +467,8 @@ def decision_part(
     trace_ids: list[str] = []
     q_finals: list[float] = []
     c_finals: list[tuple[float, float, float]] = []
+    q_behaviors: list[float] = []
+    c_behaviors: list[tuple[float, float, float]] = []
     opt_value: list[float] = []
     opt_lambda: list[float] = []
     run_to_cap: list[bool] = []
@@ -464,7 +485,9 @@ def decision_part(
         grade: float | None = None
         reward_label: float | None = None
         usd = tok = 0.0
-        for ev, is_row in fold_events(trace, state):
+        b_stop = _behavior_stop(trace)
+        b_at: tuple[float, tuple[float, float, float]] | None = None  # (q, costs) at the behavior's stop
+        for k, (ev, is_row) in enumerate(fold_events(trace, state)):
             if ev.usd is not None:
                 usd += ev.usd
                 any_usd = True
@@ -488,6 +511,9 @@ def decision_part(
                 q = reward_label
             else:
                 q = 0.0  # before the run's own stop; the last row is fixed below
+            if b_stop is not None and k <= b_stop:
+                # its outcome there, where the events grade it (else the run's own end stands)
+                b_at = None if grade is None else (float(grade), (usd, tok / 1000.0, float(ev.t)))
             cols.add_features(state.features())
             cols.trace_idx.append(ti)
             cols.turn.append(int(state.turn))
@@ -538,6 +564,8 @@ def decision_part(
         trace_ids.append(trace.trace_id)
         q_finals.append(q_end)
         c_finals.append((usd, tok / 1000.0, float(trace.events[-1].t)))
+        q_behaviors.append(q_end if b_at is None else b_at[0])
+        c_behaviors.append(c_finals[-1] if b_at is None else b_at[1])
         opt_value.append(float(trace.metrics.get("optimal_value", math.nan)))
         opt_lambda.append(float(trace.metrics.get("optimal_lambda", math.nan)))
         run_to_cap.append(trace.metrics.get("run_to_cap") == 1.0)
@@ -572,6 +600,8 @@ def decision_part(
         trace_id=np.asarray(trace_ids, dtype=np.str_),
         q_final=np.asarray(q_finals, dtype=np.float64),
         c_final=np.asarray(c_finals, dtype=np.float64).reshape(len(c_finals), 3),
+        q_behavior=np.asarray(q_behaviors, dtype=np.float64),
+        c_behavior=np.asarray(c_behaviors, dtype=np.float64).reshape(len(c_behaviors), 3),
         optimal_value=np.asarray(opt_value, dtype=np.float64),
         optimal_lambda=np.asarray(opt_lambda, dtype=np.float64),
         run_to_cap=np.asarray(run_to_cap, dtype=bool),
@@ -633,6 +663,7 @@ def assemble_decision_points(
     systems = cat("system")
     dataset = np.asarray([name.split("/", 1)[0] for name in systems.tolist()], dtype=np.str_)
     trace_q_final = cat("q_final")
+    trace_c_behavior = np.concatenate([p.c_behavior[:, which] for p in parts]).astype(np.float64)
     scale = np.ones(len(tasks))
     if normalize_cost:
         for name in np.unique(dataset):
@@ -671,6 +702,8 @@ def assemble_decision_points(
         trace_id=cat("trace_id"),
         trace_q_final=trace_q_final,
         trace_c_final=trace_c_final / scale,
+        trace_q_behavior=cat("q_behavior"),
+        trace_c_behavior=trace_c_behavior / scale,
         optimal_value=cat("optimal_value"),
         optimal_lambda=cat("optimal_lambda"),
         run_to_cap=cat("run_to_cap"),

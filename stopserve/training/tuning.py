@@ -26,7 +26,7 @@ import numpy as np
 
 from stopserve.manifest import RULE_KINDS
 from stopserve.policy import Deviation, RuleFires, split_fires
-from stopserve.training.heuristics import Replay, policy_mask, replay
+from stopserve.training.heuristics import Replay, policy_mask, replay, success_kept
 from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray, IntArray
 from stopserve.training.parameters import DEFAULT_SUCCESS_FLOOR
 
@@ -38,6 +38,7 @@ __all__ = [
     "Floors",
     "Tuned",
     "floor_losses",
+    "success_kept",
     "tune_policy",
 ]
 
@@ -90,8 +91,10 @@ class Floors:
     """What a tuned policy must keep in every stratum (e.g. every system), against the logged runs.
 
     ``value``: its mean value may fall at most this far below the logged runs' (behavior);
-    ``success``: its mean quality handed back at most this far below theirs. A model meant
-    for systems it has never seen is tuned with both (``docs/training.md``).
+    ``success``: its mean quality handed back at most this far below theirs. The logged runs'
+    figures are those at their own stop (``DecisionPoints.trace_q_behavior``): the logged end,
+    or where a run-to-cap log's behavior policy stopped. A model meant for systems it has never
+    seen is tuned with both (``docs/training.md``).
     """
 
     value: float | None = None
@@ -104,22 +107,29 @@ class Floors:
 
 
 def floor_losses(dp: DecisionPoints, rep: Replay, lam: float) -> dict[str, tuple[float, str]]:
-    """The worst loss against the logged runs over data sets: ``{"value"|"success": (loss, data set)}``.
+    """The worst loss against the logged runs over data sets: ``{what: (loss, data set)}``.
 
-    A loss is the logged runs' mean minus the replayed policy's, per data set (a trained
-    policy must keep its :class:`Floors` in each); positive means the policy loses.
+    ``what`` is ``value``, ``success`` or ``unpaid``.
+
+    A loss is the logged runs' mean (at their own stop) minus the replayed policy's, per data
+    set (a trained policy must keep its :class:`Floors` in each); positive means it loses.
+    ``unpaid``: the worst success loss among the data sets where the value gained does not
+    pay for it twice over (:func:`success_kept`; ``-inf`` where there is none): what the
+    success floor is kept on.
     """
-    behavior = {"value": dp.trace_q_final - lam * dp.trace_c_final, "success": dp.trace_q_final}
+    behavior = {"value": dp.trace_q_behavior - lam * dp.trace_c_behavior, "success": dp.trace_q_behavior}
     got = {"value": rep.value, "success": rep.q}
     out: dict[str, tuple[float, str]] = {}
-    for what in ("value", "success"):
-        worst = (-math.inf, "")
-        for name in np.unique(dp.dataset):
-            m = dp.dataset == name
-            loss = float(behavior[what][m].mean() - got[what][m].mean())
-            if loss > worst[0]:
-                worst = (loss, str(name))
-        out[what] = worst
+    unpaid = (-math.inf, "")
+    for name in np.unique(dp.dataset):
+        m = dp.dataset == name
+        loss = {what: float(behavior[what][m].mean() - got[what][m].mean()) for what in behavior}
+        for what, x in loss.items():
+            if x > out.get(what, (-math.inf, ""))[0]:
+                out[what] = (x, str(name))
+        if not bool(success_kept(-loss["success"], -loss["value"], 0.0)) and loss["success"] > unpaid[0]:
+            unpaid = (loss["success"], str(name))
+    out["unpaid"] = unpaid
     return out
 
 
@@ -160,17 +170,25 @@ def _sweep(  # noqa: PLR0917
     def per(weights: FloatArray) -> FloatArray:
         return np.bincount(st, weights=weights, minlength=n_strata).astype(np.float64)
 
-    # each stratum's figures before any model stop, and the floor each must keep
-    checks: list[tuple[FloatArray, FloatArray]] = []  # (start sum, floor sum) per stratum
-    if floors is None:
-        checks.append((per(g0), -_TOL * st_n))
-    else:
+    # each stratum's figures before any model stop (value, success), and what each must keep
+    beh_q = per(dp.trace_q_behavior)
+    beh_v = per(dp.trace_q_behavior - lam * dp.trace_c_behavior)
+    start_v, start_q = per(base), per(base_rep.q)
+
+    def keeps(v_sum: FloatArray, q_sum: FloatArray) -> BoolArray:
+        """Whether every stratum keeps its floors, at each row of per-stratum sums."""
+        if floors is None:
+            return np.asarray(np.all(v_sum - per(ref) >= -_TOL * st_n, axis=-1), dtype=bool)
+        ok = np.ones(v_sum.shape[:-1], dtype=bool)
         if floors.value is not None:
-            behavior = dp.trace_q_final - lam * dp.trace_c_final
-            checks.append((per(base), per(behavior) - (floors.value + _TOL) * st_n))
+            ok &= np.all(v_sum >= beh_v - (floors.value + _TOL) * st_n, axis=-1)
         if floors.success is not None:
-            checks.append((per(base_rep.q), per(dp.trace_q_final) - (floors.success + _TOL) * st_n))
-    feasible0 = strata is None or all(bool(np.all(a >= b)) for a, b in checks)
+            ok &= np.all(
+                success_kept(q_sum - beh_q, v_sum - beh_v, floors.success * st_n, _TOL * st_n), axis=-1
+            )
+        return ok
+
+    feasible0 = strata is None or bool(keeps(start_v, start_q))
     best = (-math.inf, mean0, _lcb(mean0, ss0, n_tr) if feasible0 else -math.inf)
     n = dp.n_rows
     idx = np.arange(n, dtype=np.int64)
@@ -215,19 +233,19 @@ def _sweep(  # noqa: PLR0917
     var = np.maximum((ss0 + s2[last]) / n_tr - mean**2, 0.0)
     score = mean - PESSIMISM * np.sqrt(var / n_tr)
     if strata is not None:
-        # each stratum's figure at each threshold: a cumulative sum per stratum
-        deltas = [d1]
-        if floors is not None:
-            deltas = [d1] if floors.value is not None else []
-            if floors.success is not None:
-                q_rows = dp.q[rows]
-                deltas.append(q_rows - following(q_rows, base_rep.q))
-        ok = np.ones(int(last.sum()), dtype=bool)
-        for (start_sum, floor), delta in zip(checks, deltas, strict=True):
+        # each stratum's figures at each threshold: a cumulative sum per stratum
+
+        def cumulative(start: FloatArray, delta: FloatArray) -> FloatArray:
             by = np.zeros((points.size, n_strata))
             by[np.arange(points.size), st[tr][order]] = delta[order]
-            ok &= np.all(start_sum + np.cumsum(by, axis=0)[last] >= floor, axis=1)
-        score = np.where(ok, score, -math.inf)
+            return start + np.cumsum(by, axis=0)[last]
+
+        v_at = cumulative(start_v, d1)
+        q_at = v_at  # unread without a success floor
+        if floors is not None and floors.success is not None:
+            q_rows = dp.q[rows]
+            q_at = cumulative(start_q, q_rows - following(q_rows, base_rep.q))
+        score = np.where(keeps(v_at, q_at), score, -math.inf)
     points = points[last]
     k = int(np.argmax(score))
     if score[k] > best[2] + _EPS:

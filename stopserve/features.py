@@ -421,14 +421,15 @@ class RunState:
         # similarity to them, and which of the last results were novel
         self._act_sketches: deque[str] = deque(maxlen=CONTENT_WINDOW)
         self._res_sketches: deque[str] = deque(maxlen=CONTENT_WINDOW)
-        self._act_sim = _NAN
-        self._res_sim = _NAN
+        # None, not NaN, for "unknown" (a slot compares equal to its restored twin)
+        self._act_sim: float | None = None
+        self._res_sim: float | None = None
         self._novel: deque[bool] = deque(maxlen=CONTENT_WINDOW)
         # progress: the latest step that carried a progress reading, steps since one showed a step
         # forward (or since the first reading), the latest failing-test share
         self._prog_last: _ProgressKey | None = None
         self._prog_steps = 0
-        self._tests_share = _NAN
+        self._tests_share: float | None = None
         self._mono_run = 0
         self._mono_agent: str | None = None
         self._mono_ref: str | None = None
@@ -841,8 +842,10 @@ class RunState:
         """The content features of one finished step: its similarity to the last steps, its novelty,
         and what its progress reading shows (the "content" block; NaN where the events carry none)."""
         sk_act, sk_res, key = cur[3], cur[5], cur[6]
-        self._act_sim = _max_similarity(sk_act, self._act_sketches)
-        self._res_sim = sim = _max_similarity(sk_res, self._res_sketches)
+        sim_act = _max_similarity(sk_act, self._act_sketches)
+        sim = _max_similarity(sk_res, self._res_sketches)
+        self._act_sim = None if math.isnan(sim_act) else sim_act
+        self._res_sim = None if math.isnan(sim) else sim
         if sk_act is not None:
             self._act_sketches.append(sk_act)
         if sk_res is not None:
@@ -987,11 +990,11 @@ class RunState:
             self._reward_gain_recent(),
             self._improving_run,
             self._near_run,
-            self._res_sim,
-            self._act_sim,
+            _NAN if self._res_sim is None else self._res_sim,
+            _NAN if self._act_sim is None else self._act_sim,
             sum(self._novel) / len(self._novel) if self._novel else _NAN,
             _NAN if self._prog_last is None else self._prog_steps,
-            self._tests_share,
+            _NAN if self._tests_share is None else self._tests_share,
             self._ledger_stall_run if self._ledger_turns else _NAN,
         ]
         # fromiter: 3x faster than np.array on a short list of mixed ints and floats

@@ -432,6 +432,11 @@ class Policy:
         out = self.raw_rows(X)
         return {name: out[:, i] for name, i in self._index.items()}
 
+    def columns(self, X: FloatArray) -> FloatArray:  # noqa: N803
+        """Feature rows (or one row) as the boosters read them: all of them, or their first values
+        for a model of an older featurizer (features are only appended)."""
+        return X if self._width is None else X[..., : self._width]
+
     def raw_rows(self, X: FloatArray) -> FloatArray:  # noqa: N803
         """Raw scores, shape (rows, boosters), in the order :meth:`decide`'s ``raw`` takes them.
 
@@ -440,7 +445,7 @@ class Policy:
         """
         if self._forest is None:
             raise ModelIntegrityError(f"raw_rows needs a learned model; this policy is {self.kind!r}")
-        return self._forest.raw_batch(X if self._width is None else X[:, : self._width])
+        return self._forest.raw_batch(self.columns(X))
 
     # ----------------------------------------------------------------- decide: one row, then many
 
@@ -494,8 +499,7 @@ class Policy:
             worth = self.resolve(objective)
             try:
                 if raw is None:
-                    x = state.features()
-                    raw = self._forest.raw_one(x if self._width is None else x[: self._width])
+                    raw = self._forest.raw_one(self.columns(state.features()))
                 named = {n: float(raw[i]) for n, i in self._index.items()}
                 v_, ctg_, s_ = self.values(named, turn, cost_so_far(state, self.cost_unit), worth)
                 v, ctg = float(v_), float(ctg_)

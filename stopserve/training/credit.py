@@ -217,7 +217,8 @@ class _Reader:
         policy = self.policy
         raw = policy.raw_batch(rows)
         if "s" not in raw:  # a behavior model does not read S to decide, but it always ships it
-            raw["s"] = np.asarray(policy.boosters["s"].predict(rows, raw_score=True), dtype=np.float64)
+            s_raw = policy.boosters["s"].predict(policy.columns(rows), raw_score=True)
+            raw["s"] = np.asarray(s_raw, dtype=np.float64)
         turn_a = np.asarray(turn, dtype=np.float64)
         cost_a = np.asarray(cost, dtype=np.float64)
         v_cont, _, _ = policy.values(raw, turn_a, cost_a, self.objective)

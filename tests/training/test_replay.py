@@ -74,7 +74,7 @@ def test_batch_scores_are_the_single_row_scores_bit_for_bit(
     for policy, traces in ((default_model, mint), *((p, synth_traces(20, seed=5)) for p in learned.values())):
         X = build_decision_points(traces).X
         batch = policy.raw_rows(X)
-        single = np.array([policy._forest.raw_one(x) for x in X])  # type: ignore[union-attr]
+        single = np.array([policy._forest.raw_one(x) for x in policy.columns(X)])  # type: ignore[union-attr]
         assert batch.shape == single.shape
         assert batch.tobytes() == single.tobytes()
 

@@ -476,10 +476,15 @@ def _floors_section(guard: Mapping[str, Any]) -> list[str]:
         limits.append(f"{100 * float(success):g} point(s) of success")
     if value is not None:
         limits.append(f"{float(value):g} of value")
+    unless = (
+        ", whatever it saves (strict, `--strict-floor`)"
+        if guard.get("success_floor_strict")
+        else ", unless the value it gains there is at least the success it loses (it would still beat the "
+        "logged runs were cost worth half as much)"
+    )
     lines.append(
         f"No policy that loses more than {' or '.join(limits)} against the logged runs in cross-validation "
-        "(in any data set, at their own stop) may ship, unless the value it gains there is at least the "
-        "success it loses (it would still beat the logged runs were cost worth half as much): the heuristic "
+        f"(in any data set, at their own stop) may ship{unless}: the heuristic "
         "is chosen among those within, never-stop included, and the learned model ships only within."
     )
     lines.append("")

@@ -100,3 +100,14 @@ def test_the_library_says_what_is_wrong_in_its_own_words(given: dict[str, object
         TrainerSettings(**given)  # type: ignore[arg-type]
     assert str(err.value) == message
     assert "--" not in str(err.value)
+
+
+def test_strict_floor_reaches_the_learners_floors() -> None:
+    loose = PolicyLearner.from_settings(
+        trainer_settings(build_parser().parse_args(["train", "t.jsonl", "-o", "m"]))
+    )
+    args = build_parser().parse_args(["train", "t.jsonl", "-o", "m", "--strict-floor"])
+    strict = PolicyLearner.from_settings(trainer_settings(args))
+    assert loose.floors is not None and loose.floors.paid
+    assert strict.floors is not None and not strict.floors.paid
+    assert strict.floors.success == loose.floors.success

@@ -22,6 +22,7 @@
 #   --censored unknown                      runs cut at a cap do not teach "nothing more to gain"
 #   --group-by dataset --folds 12 --inner-cv   leave one system out, margins tuned on held-out systems
 #   --max-value-loss 0.005 --max-success-loss 0.01   no system may lose value or success to the logged runs
+#   --strict-floor                          ... not even where what it saves would pay for the loss
 set -euo pipefail
 export LC_ALL=C  # the corpus files listed in byte order (the fit no longer depends on it: traces are read by id)
 cd "$(dirname "$0")/.."
@@ -47,7 +48,7 @@ PY
 
 stopserve train "$work"/corpus/*.jsonl -o "$work/model" --cost-scale per-run --cost-share 0.3 \
   --features scale-free --method behavior --rules fixed --stop-on evidence --evidence 3,4,5 \
-  --censored unknown --group-by dataset --folds 12 --inner-cv --max-value-loss 0.005 --max-success-loss 0.01 \
+  --censored unknown --group-by dataset --folds 12 --inner-cv --max-value-loss 0.005 --max-success-loss 0.01 --strict-floor \
   --seed "$SEED" --no-progress
 
 # record how the model was made in its manifest (and so in the generated, hashed MODEL_CARD.md)

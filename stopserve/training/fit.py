@@ -447,7 +447,11 @@ class PolicyLearner:
             stop_on=settings.stop_on,
             censored=settings.censored,
             evidence=settings.evidence,
-            floors=Floors(value=settings.max_value_loss or None, success=settings.max_success_loss or None),
+            floors=Floors(
+                value=settings.max_value_loss or None,
+                success=settings.max_success_loss or None,
+                paid=not settings.strict_floor,
+            ),
             inner_cv=settings.inner_cv,
         )
 
@@ -805,9 +809,8 @@ class PolicyLearner:
         st.heur_all = tune_heuristics(st.dp, st.lam_value, **opts)
 
         def rank(dp: DecisionPoints) -> FamilyRanking:
-            kept = self._floors()
-            floors = None if kept is None else (kept.value, kept.success)
-            strata = dp.dataset if kept is not None else None
+            floors = self._floors()
+            strata = dp.dataset if floors is not None else None
             return rank_families(
                 dp, st.lam_value, folds=self.folds, seed=self.seed, strata=strata, floors=floors, **opts
             )
@@ -987,7 +990,11 @@ class PolicyLearner:
         kept = self._floors()
         if kept is None:
             return {"success_floor": None, "value_floor": None}
-        out: dict[str, Any] = {"success_floor": kept.success, "value_floor": kept.value}
+        out: dict[str, Any] = {
+            "success_floor": kept.success,
+            "value_floor": kept.value,
+            "success_floor_strict": not kept.paid,
+        }
         limits = {"success": kept.success, "value": kept.value}
         assert st.ranking is not None
         ranked = reps[best_heur]
@@ -996,8 +1003,9 @@ class PolicyLearner:
                 ranked, value=st.ranking.per_trace[best_heur], q=st.ranking.per_trace_q[best_heur]
             )
         for name, label, rep in (("learned", "learned", reps["learned"]), (best_heur, "heuristic", ranked)):
-            losses = floor_losses(st.dp, rep, st.lam_value)
-            # success: a loss the value gained does not pay for twice over (tuning.success_kept)
+            losses = floor_losses(st.dp, rep, st.lam_value, paid=kept.paid)
+            # success: a loss the value gained does not pay for twice over (tuning.success_kept),
+            # any loss under a strict floor
             kept_on = {"success": losses["unpaid"], "value": losses["value"]}
             over = [
                 f"{what} by {loss:.4f} on {where}"
@@ -1014,8 +1022,10 @@ class PolicyLearner:
                 st.notes.append(
                     "the learned policy loses more than the floors allow in cross-validation ("
                     + "; ".join(over)
-                    + f"; floors: success {_fmt_floor(kept.success)}, value {_fmt_floor(kept.value)}, set by "
-                    "floors (--max-success-loss / --max-value-loss)): it does not ship"
+                    + f"; floors: success {_fmt_floor(kept.success)}"
+                    + (" strict" if not kept.paid else "")
+                    + f", value {_fmt_floor(kept.value)}, set by "
+                    "floors (--max-success-loss / --max-value-loss / --strict-floor)): it does not ship"
                 )
         return out
 
@@ -1266,7 +1276,8 @@ def print_summary(learner: PolicyLearner, out: Path) -> None:
     )
     if guard.get("success_floor") is not None or guard.get("value_floor") is not None:
         print(
-            f"floors (--max-success-loss, --max-value-loss): success {_fmt_floor(guard['success_floor'])}, "
+            f"floors (--max-success-loss, --max-value-loss): success {_fmt_floor(guard['success_floor'])}"
+            f"{' strict' if guard.get('success_floor_strict') else ''}, "
             f"value {_fmt_floor(guard['value_floor'])}; cross-validated worst loss per data set: learned "
             f"success {guard['learned_success_loss']:+.4f} "
             f"({_within_words(guard, 'learned')}), "

@@ -48,6 +48,7 @@ from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray, Int
 __all__ = [
     "HEURISTICS",
     "PESSIMISM",
+    "Floors",
     "HeuristicRule",
     "Replay",
     "RuleFires",
@@ -569,8 +570,36 @@ class FamilyRanking:
     per_trace_q: Mapping[str, FloatArray] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Floors:
+    """What a tuned policy must keep in every stratum (e.g. every system), against the logged runs.
+
+    ``value``: its mean value may fall at most this far below the logged runs' (behavior);
+    ``success``: its mean quality handed back at most this far below theirs. The logged runs'
+    figures are those at their own stop (``DecisionPoints.trace_q_behavior``): the logged end,
+    or where a run-to-cap log's behavior policy stopped. A model meant for systems it has never
+    seen is tuned with both (``docs/training.md``).
+    """
+
+    value: float | None = None
+    success: float | None = None
+    #: a success loss beyond the floor is kept where the value gained pays for it twice over
+    #: (:func:`success_kept`); ``False``: the floor holds whatever is saved (``--strict-floor``)
+    paid: bool = True
+
+    @property
+    def active(self) -> bool:
+        """Whether either floor is set."""
+        return self.value is not None or self.success is not None
+
+
 def success_kept(
-    q_gain: npt.ArrayLike, v_gain: npt.ArrayLike, floor: npt.ArrayLike, tol: npt.ArrayLike = 0.0
+    q_gain: npt.ArrayLike,
+    v_gain: npt.ArrayLike,
+    floor: npt.ArrayLike,
+    tol: npt.ArrayLike = 0.0,
+    *,
+    paid: bool = True,
 ) -> BoolArray:
     """Whether a policy keeps the success floor, from its gains over the logged runs (sums or means).
 
@@ -580,10 +609,12 @@ def success_kept(
     of what the objective says). Trading a point of success for a few cents of cost (what no
     user would take: issue 34's SWE runs) is refused; stopping far earlier where the objective
     says cost is dear (a lambda at which even the optimum gives success up) is not.
+    ``paid=False`` (a strict floor, :attr:`Floors.paid`): the floor holds whatever is saved.
     """
     q, v = np.asarray(q_gain, dtype=np.float64), np.asarray(v_gain, dtype=np.float64)
     f, e = np.asarray(floor, dtype=np.float64), np.asarray(tol, dtype=np.float64)
-    return np.asarray((-q <= f + e) | (v + q >= -e), dtype=bool)
+    within = -q <= f + e
+    return np.asarray(within | (v + q >= -e) if paid else within, dtype=bool)
 
 
 def rank_families(
@@ -597,7 +628,7 @@ def rank_families(
     transferable: bool = False,
     fixed_rules: bool = False,
     strata: npt.NDArray[np.str_] | None = None,
-    floors: tuple[float | None, float | None] | None = None,
+    floors: Floors | None = None,
 ) -> FamilyRanking:
     """Rank the families by cross-validation repeated over ``repeats`` grouped fold assignments.
 
@@ -639,7 +670,7 @@ def rank_families(
     shortfall = dict.fromkeys(HEURISTICS, 0.0)
     if strata is not None and floors is not None:
         behavior = {"value": dp.trace_q_behavior - lam * dp.trace_c_behavior, "success": dp.trace_q_behavior}
-        value_floor, success_floor = floors
+        value_floor, success_floor = floors.value, floors.success
         for h in HEURISTICS:
             got = {"value": per_trace[h], "success": q_sums[h] / len(assignments)}
             for name in np.unique(strata):
@@ -648,10 +679,12 @@ def rank_families(
                 if value_floor is not None:
                     shortfall[h] = max(shortfall[h], loss["value"] - value_floor)
                 if success_floor is not None and not success_kept(
-                    -loss["success"], -loss["value"], success_floor
+                    -loss["success"], -loss["value"], success_floor, paid=floors.paid
                 ):
                     # short by the lesser of: the loss past the floor, the value still to pay for it
-                    short = min(loss["success"] - success_floor, loss["success"] - (-loss["value"]))
+                    short = loss["success"] - success_floor
+                    if floors.paid:
+                        short = min(short, loss["success"] - (-loss["value"]))
                     shortfall[h] = max(shortfall[h], short)
     eligible = tuple(h for h in HEURISTICS if shortfall[h] <= 1e-9)
     pool = eligible or (min(HEURISTICS, key=lambda h: shortfall[h]),)

@@ -262,6 +262,16 @@ TRAINER_PARAMETERS: Final[tuple[Parameter, ...]] = (
         metavar="X",
     ),
     Parameter(
+        "strict_floor",
+        bool,
+        False,
+        None,
+        "keep --max-success-loss whatever is saved: without it, a policy losing more ships where "
+        "the value it gains pays for the loss twice over (it would still beat the logged runs were "
+        "cost worth half as much); for a model meant for systems it has never seen",
+        "--strict-floor",
+    ),
+    Parameter(
         "inner_cv",
         bool,
         False,
@@ -323,6 +333,7 @@ class TrainerSettings:
     evidence: Evidence | None = _default("evidence")  # noqa: RUF009 - the table's (None), not a call per instance
     max_value_loss: float = _default("max_value_loss")
     max_success_loss: float = _default("max_success_loss")
+    strict_floor: bool = _default("strict_floor")
     inner_cv: bool = _default("inner_cv")
     censored: str = _default("censored")
     seed: int = _default("seed")

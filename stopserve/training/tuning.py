@@ -26,7 +26,7 @@ import numpy as np
 
 from stopserve.manifest import RULE_KINDS
 from stopserve.policy import Deviation, RuleFires, split_fires
-from stopserve.training.heuristics import Replay, policy_mask, replay, success_kept
+from stopserve.training.heuristics import Floors, Replay, policy_mask, replay, success_kept
 from stopserve.training.labels import BoolArray, DecisionPoints, FloatArray, IntArray
 from stopserve.training.parameters import DEFAULT_SUCCESS_FLOOR
 
@@ -86,27 +86,9 @@ def _lcb(mean: float, sq_sum: float, n: int) -> float:
     return mean - PESSIMISM * math.sqrt(var / n)
 
 
-@dataclass(frozen=True)
-class Floors:
-    """What a tuned policy must keep in every stratum (e.g. every system), against the logged runs.
-
-    ``value``: its mean value may fall at most this far below the logged runs' (behavior);
-    ``success``: its mean quality handed back at most this far below theirs. The logged runs'
-    figures are those at their own stop (``DecisionPoints.trace_q_behavior``): the logged end,
-    or where a run-to-cap log's behavior policy stopped. A model meant for systems it has never
-    seen is tuned with both (``docs/training.md``).
-    """
-
-    value: float | None = None
-    success: float | None = None
-
-    @property
-    def active(self) -> bool:
-        """Whether either floor is set."""
-        return self.value is not None or self.success is not None
-
-
-def floor_losses(dp: DecisionPoints, rep: Replay, lam: float) -> dict[str, tuple[float, str]]:
+def floor_losses(
+    dp: DecisionPoints, rep: Replay, lam: float, *, paid: bool = True
+) -> dict[str, tuple[float, str]]:
     """The worst loss against the logged runs over data sets: ``{what: (loss, data set)}``.
 
     ``what`` is ``value``, ``success`` or ``unpaid``.
@@ -115,7 +97,7 @@ def floor_losses(dp: DecisionPoints, rep: Replay, lam: float) -> dict[str, tuple
     set (a trained policy must keep its :class:`Floors` in each); positive means it loses.
     ``unpaid``: the worst success loss among the data sets where the value gained does not
     pay for it twice over (:func:`success_kept`; ``-inf`` where there is none): what the
-    success floor is kept on.
+    success floor is kept on (``paid=False``, a strict floor: the worst success loss).
     """
     behavior = {"value": dp.trace_q_behavior - lam * dp.trace_c_behavior, "success": dp.trace_q_behavior}
     got = {"value": rep.value, "success": rep.q}
@@ -127,7 +109,8 @@ def floor_losses(dp: DecisionPoints, rep: Replay, lam: float) -> dict[str, tuple
         for what, x in loss.items():
             if x > out.get(what, (-math.inf, ""))[0]:
                 out[what] = (x, str(name))
-        if not bool(success_kept(-loss["success"], -loss["value"], 0.0)) and loss["success"] > unpaid[0]:
+        kept = bool(success_kept(-loss["success"], -loss["value"], 0.0, paid=paid))
+        if not kept and loss["success"] > unpaid[0]:
             unpaid = (loss["success"], str(name))
     out["unpaid"] = unpaid
     return out
@@ -184,7 +167,10 @@ def _sweep(  # noqa: PLR0917
             ok &= np.all(v_sum >= beh_v - (floors.value + _TOL) * st_n, axis=-1)
         if floors.success is not None:
             ok &= np.all(
-                success_kept(q_sum - beh_q, v_sum - beh_v, floors.success * st_n, _TOL * st_n), axis=-1
+                success_kept(
+                    q_sum - beh_q, v_sum - beh_v, floors.success * st_n, _TOL * st_n, paid=floors.paid
+                ),
+                axis=-1,
             )
         return ok
 

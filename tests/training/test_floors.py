@@ -135,3 +135,19 @@ def test_on_run_to_cap_logs_the_floor_is_kept_against_the_behaviors_own_stop() -
     # a log without the annotation: its own end is the behavior's stop
     np.testing.assert_array_equal(own.trace_q_behavior, own.trace_q_final)
     np.testing.assert_array_equal(own.trace_c_behavior, own.trace_c_final)
+
+
+def test_a_strict_floor_refuses_even_a_loss_the_saving_pays_for(
+    traces: list[Trace], dear: PolicyLearner
+) -> None:
+    """``--strict-floor``: the trade the last test let ship is refused, whatever it saves."""
+    strict = _fit(traces, DEAR, floors=Floors(success=DEFAULT_SUCCESS_FLOOR, paid=False))
+    loss = _losses(strict)
+    assert loss["success"] > DEFAULT_SUCCESS_FLOOR  # the same temptation as without it
+    assert strict.guard_["success_floor_strict"] is True and dear.guard_["success_floor_strict"] is False
+    assert strict.guard_["learned_within_floors"] is False
+    assert strict.manifest_.kind == "heuristic"
+    assert any("success 0.01 strict" in n for n in strict.notes_), strict.notes_
+    # what ships keeps the floor outright, not paid for
+    assert strict.guard_["heuristic_success_loss"] <= DEFAULT_SUCCESS_FLOOR + 1e-9
+    assert not strict.guard_["heuristic_success_paid"]

@@ -35,13 +35,13 @@ RECIPE: dict[str, str | None] = {
     "--cost-scale": "per-run", "--cost-share": "0.3", "--features": "scale-free", "--method": "behavior",
     "--rules": "fixed", "--stop-on": "evidence", "--evidence": "3,4,5", "--censored": "unknown",
     "--group-by": "dataset", "--folds": "12", "--inner-cv": None,
-    "--max-value-loss": "0.005", "--max-success-loss": "0.01",
+    "--max-value-loss": "0.005", "--max-success-loss": "0.01", "--strict-floor": None,
 }  # fmt: skip
 #: (label, options changed: a value, or ``False`` to leave the option out)
 ABLATIONS: list[tuple[str, dict[str, str | bool]]] = [
     ("shipped recipe", {}),
     ("no stall evidence (--stop-on value)", {"--stop-on": "value", "--evidence": False}),
-    ("no per-system floors", {"--max-value-loss": False, "--max-success-loss": "0"}),
+    ("no per-system floors", {"--max-value-loss": False, "--max-success-loss": "0", "--strict-floor": False}),
     ("censored runs as finished (--censored horizon)", {"--censored": "horizon"}),
 ]
 #: The in-system reference (``--in-system``): what a model trained on a system's OWN runs reaches,

@@ -45,6 +45,7 @@ SECTIONS: list[tuple[str, int]] = [
     ("bench_client.py", 300),
     ("bench_hook.py", 300),
     ("bench_sketch.py", 300),
+    ("bench_report.py", 600),
     ("bench_serve.py", 900),
     ("bench_reliability.py", 1500),
     ("bench_replicas.py", 900),

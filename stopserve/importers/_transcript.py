@@ -20,6 +20,9 @@ Conventions shared by both harnesses:
 * content is never kept: only :func:`content_ref` hashes (and sketches, unless
   ``sketch=False``: :func:`~stopserve.ids.content_refs`), so the service can see
   repetition without seeing text; the facts below stay on the machine;
+* a tool result carries what its text shows about progress (``progress``: exit code,
+  test counts, error signature, files changed; :func:`stopserve.signals.progress.extract`,
+  run once per result, in this process);
 * an event id already emitted (recently) is not emitted again, so a tool call seen
   first in a hook's input and later in the transcript counts once.
 """
@@ -40,6 +43,7 @@ import orjson
 
 from stopserve.ids import content_refs
 from stopserve.importers._common import fail, finish
+from stopserve.signals.progress import progress_fields
 
 if TYPE_CHECKING:
     from stopserve.trace import Trace
@@ -191,6 +195,9 @@ class TranscriptMapper:
 
     #: the name of the harness's own agent
     MAIN: ClassVar[str] = "main"
+    #: the harness flags every failed tool result (Claude Code's ``is_error``), so a result
+    #: not flagged succeeded; else only a stated exit code says so
+    FLAGS_FAILURES: ClassVar[bool] = False
 
     def __init__(self, agent: str | None = None, *, sketch: bool = True) -> None:
         self.agent = agent or self.MAIN
@@ -336,9 +343,20 @@ class TranscriptMapper:
         if len(self._tools) > _PENDING_TOOLS:
             del self._tools[next(iter(self._tools))]
 
-    def result(self, call_id: str, t: float, ref_payload: Any, *, error: bool, output: str) -> None:
+    def result(
+        self,
+        call_id: str,
+        t: float,
+        ref_payload: Any,
+        *,
+        error: bool,
+        output: str,
+        exit_code: int | None = None,
+    ) -> None:
         """The result of a tool call: a ``return`` event by the tool (or the sub-agent).
 
+        Its ``progress`` is read from ``output`` with the call's tool (a write tool's
+        success is one file changed) and ``exit_code`` when the caller knows it.
         A result already counted (a hook saw it before the transcript did) changes
         nothing: neither the event nor the facts, which the first copy set with its call.
         """
@@ -354,6 +372,12 @@ class TranscriptMapper:
                 tool=tool,
                 **content_refs(ref_payload, text=output, sketch=self.sketch),
                 error=error,
+                **progress_fields(
+                    output,
+                    tool=tool,
+                    exit_code=exit_code,
+                    failed=True if error else False if self.FLAGS_FAILURES else None,
+                ),
             )
         )
         self.facts.result(tool, label, error, output)

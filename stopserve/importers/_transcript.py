@@ -43,7 +43,7 @@ import orjson
 
 from stopserve.ids import content_refs
 from stopserve.importers._common import fail, finish
-from stopserve.signals.progress import progress_fields
+from stopserve.signals.progress import WRITE_TOOLS, progress_fields
 
 if TYPE_CHECKING:
     from stopserve.trace import Trace
@@ -355,14 +355,17 @@ class TranscriptMapper:
     ) -> None:
         """The result of a tool call: a ``return`` event by the tool (or the sub-agent).
 
-        Its ``progress`` is read from ``output`` with the call's tool (a write tool's
-        success is one file changed) and ``exit_code`` when the caller knows it.
+        Its ``progress`` is read from ``output`` with the call's tool and ``exit_code`` when
+        the caller knows it; a write tool's success is one file changed, and its text is not
+        read: it shows the file (a ``Write`` hook's ``tool_response`` holds the content written),
+        not what came of the step.
         A result already counted (a hook saw it before the transcript did) changes
         nothing: neither the event nor the facts, which the first copy set with its call.
         """
         if self.seen(f"{call_id}.out"):
             return
         tool, label, kind, agent = self._tools.pop(call_id, None) or ["unknown", "", "", "unknown"]
+        wrote = tool in WRITE_TOOLS and not error
         self.emit(
             self.event(
                 f"{call_id}.out",
@@ -373,7 +376,7 @@ class TranscriptMapper:
                 **content_refs(ref_payload, text=output, sketch=self.sketch),
                 error=error,
                 **progress_fields(
-                    output,
+                    None if wrote else output,
                     tool=tool,
                     exit_code=exit_code,
                     failed=True if error else False if self.FLAGS_FAILURES else None,

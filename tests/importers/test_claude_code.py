@@ -187,6 +187,18 @@ def test_a_hook_result_and_its_transcript_line_carry_the_same_progress() -> None
     )
 
 
+def test_a_write_s_progress_is_the_file_it_changed_not_the_content_it_wrote() -> None:
+    """A ``PostToolUse`` hook's ``tool_response`` of a ``Write`` holds the file written: a test
+    module expecting a traceback is no error, nor its test counts a test run."""
+    written = (TOOLS / "pytest-q-fail.txt").read_text()
+    response = {"type": "create", "filePath": "/w/expected.txt", "content": written, "structuredPatch": []}
+    live = ClaudeCodeMapper()
+    live.tool_event(
+        "toolu_w", "Write", {"file_path": "/w/expected.txt", "content": written}, response, 1.0e9, error=False
+    )
+    assert live.drain()[1]["progress"] == {"files_changed": 1, "source": "edit_tool"}
+
+
 def test_subagents_are_spawned_delegated_and_merged_in_time_order(tmp_path: Path) -> None:
     session = tmp_path / "proj" / "sess-1.jsonl"
     write(

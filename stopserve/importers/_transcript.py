@@ -198,6 +198,9 @@ class TranscriptMapper:
     #: the harness flags every failed tool result (Claude Code's ``is_error``), so a result
     #: not flagged succeeded; else only a stated exit code says so
     FLAGS_FAILURES: ClassVar[bool] = False
+    #: tools whose result shows content (a file read, a page fetched, a search's hits), not what
+    #: came of a step: a traceback in a page read is no error, so their text is read only on failure
+    CONTENT_TOOLS: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, agent: str | None = None, *, sketch: bool = True) -> None:
         self.agent = agent or self.MAIN
@@ -358,14 +361,14 @@ class TranscriptMapper:
         Its ``progress`` is read from ``output`` with the call's tool and ``exit_code`` when
         the caller knows it; a write tool's success is one file changed, and its text is not
         read: it shows the file (a ``Write`` hook's ``tool_response`` holds the content written),
-        not what came of the step.
+        not what came of the step; nor is a content tool's (:attr:`CONTENT_TOOLS`) that did not fail.
         A result already counted (a hook saw it before the transcript did) changes
         nothing: neither the event nor the facts, which the first copy set with its call.
         """
         if self.seen(f"{call_id}.out"):
             return
         tool, label, kind, agent = self._tools.pop(call_id, None) or ["unknown", "", "", "unknown"]
-        wrote = tool in WRITE_TOOLS and not error
+        shown = not error and (tool in WRITE_TOOLS or tool in self.CONTENT_TOOLS)
         self.emit(
             self.event(
                 f"{call_id}.out",
@@ -376,7 +379,7 @@ class TranscriptMapper:
                 **content_refs(ref_payload, text=output, sketch=self.sketch),
                 error=error,
                 **progress_fields(
-                    None if wrote else output,
+                    None if shown else output,
                     tool=tool,
                     exit_code=exit_code,
                     failed=True if error else False if self.FLAGS_FAILURES else None,

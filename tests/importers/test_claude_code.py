@@ -187,7 +187,7 @@ def test_a_hook_result_and_its_transcript_line_carry_the_same_progress() -> None
     )
 
 
-def test_a_write_s_progress_is_the_file_it_changed_not_the_content_it_wrote() -> None:
+def test_what_a_write_or_a_read_shows_is_content_not_an_outcome() -> None:
     """A ``PostToolUse`` hook's ``tool_response`` of a ``Write`` holds the file written: a test
     module expecting a traceback is no error, nor its test counts a test run."""
     written = (TOOLS / "pytest-q-fail.txt").read_text()
@@ -197,6 +197,17 @@ def test_a_write_s_progress_is_the_file_it_changed_not_the_content_it_wrote() ->
         "toolu_w", "Write", {"file_path": "/w/expected.txt", "content": written}, response, 1.0e9, error=False
     )
     assert live.drain()[1]["progress"] == {"files_changed": 1, "source": "edit_tool"}
+    # nor is a file read or a page fetched a failure for the traceback it shows; a failed read is
+    read = "     1\tTraceback (most recent call last):\n     2\t  File \"app.py\"\n     3\tKeyError: 'x'\n"
+    page = "Traceback (most recent call last):\n  File \"app.py\", line 3\nKeyError: 'x'\nHow do I fix it?"
+    live.tool_event("toolu_r", "Read", {"file_path": "/w/log.txt"}, read, 1.0e9, error=False)
+    live.tool_event("toolu_f", "WebFetch", {"url": "https://example.org/q"}, page, 1.0e9, error=False)
+    live.tool_event(
+        "toolu_x", "Read", {"file_path": "/w/gone.txt"}, "File does not exist.", 1.0e9, error=True
+    )
+    returns = [e for e in live.drain() if e["type"] == "return"]
+    assert [e.get("progress") for e in returns[:2]] == [None, None]
+    assert returns[2]["progress"]["error"].startswith("error:")
 
 
 def test_subagents_are_spawned_delegated_and_merged_in_time_order(tmp_path: Path) -> None:

@@ -43,7 +43,6 @@ import orjson
 
 from stopserve.ids import content_refs
 from stopserve.importers._common import fail, finish
-from stopserve.signals.progress import WRITE_TOOLS, progress_fields
 
 if TYPE_CHECKING:
     from stopserve.trace import Trace
@@ -367,6 +366,10 @@ class TranscriptMapper:
         """
         if self.seen(f"{call_id}.out"):
             return
+        # imported at the first result: its patterns take ~4 ms to compile, which a hook call
+        # without a new result (a Stop, a PreToolUse) need not pay
+        from stopserve.signals.progress import WRITE_TOOLS, progress_fields
+
         tool, label, kind, agent = self._tools.pop(call_id, None) or ["unknown", "", "", "unknown"]
         shown = not error and (tool in WRITE_TOOLS or tool in self.CONTENT_TOOLS)
         self.emit(

@@ -254,11 +254,11 @@ class EventRecorder:
 
         When ``content`` is text (or ``exit_code`` is given) the event's ``progress`` says
         what it shows (:func:`stopserve.signals.progress.extract`: test counts, the exit
-        code, an error signature, files changed), read here, never sent: ``tool`` names the
-        tool (a write tool that did not fail changed one file), ``error`` whether it
-        failed (``None``: not known), ``exit_code`` its exit status, ``tool_input`` the
-        call's arguments (an editor's ``view`` command changes no file). A ``progress``
-        passed in is kept as it is.
+        code, an error signature, files changed), read here; the text itself is only
+        hashed and sketched, never sent. ``tool`` names the tool (a write tool that did
+        not fail changed one file), ``error`` whether it failed (``None``: not known),
+        ``exit_code`` its exit status, ``tool_input`` the call's arguments (an editor's
+        ``view`` command changes no file). A ``progress`` passed in is kept as it is.
 
         >>> rec = EventRecorder(id_prefix="r1-")
         >>> rec.returned("bash", content="==== 3 passed in 0.12s ====", exit_code=0).progress.tests_passed

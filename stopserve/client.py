@@ -23,13 +23,14 @@ its safety nets; if it cannot (journal cut short, refused), it decides that run
 locally from then on, and spools its trace at the outcome.
 
 :class:`EventRecorder` turns an orchestrator's own actions into format-v1
-events (ids, clock, tokens, content hashes)::
+events (ids, clock, tokens, content hashes, and what a result's text shows about
+progress: test counts, exit code, error signature, files changed)::
 
     client, rec = StopClient("http://127.0.0.1:8080"), EventRecorder(agent="orchestrator")
     for step in range(100):
         output = run_tool(cmd)                     # your agent loop
         rec.tool_use("bash", content=cmd, tokens=n_tokens)
-        rec.returned("bash", content=output, error=failed)
+        rec.returned("bash", content=output, error=failed, exit_code=code)
         if client.decide(run_id, rec.drain()).action == "stop":
             break
     client.outcome(run_id, {"team": score})
@@ -74,6 +75,7 @@ from stopserve.ids import RUN_ID, content_ref, content_refs
 from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
+from stopserve.signals.progress import progress_fields
 from stopserve.trace import Budget, Event, Stop, StopReason, Topology, Trace, TraceWriter
 
 __all__ = [
@@ -152,6 +154,8 @@ class EventRecorder:
     its hash (:func:`content_ref`), so repetition can be detected without storing text,
     and its similarity sketch (:mod:`stopserve.signals.sketch`), so near-repeats (the same
     traceback with another timestamp) can be too; ``sketch=False`` leaves sketches out.
+    A return whose content is text carries what the text shows about progress
+    (:meth:`returned`); ``progress=False`` leaves that out.
 
     >>> rec = EventRecorder(agent="orchestrator", id_prefix="r1-")
     >>> rec.tool_use("bash", content="ls").type, rec.returned("bash", content="a.py").type
@@ -161,12 +165,19 @@ class EventRecorder:
     """
 
     def __init__(
-        self, agent: str = "orchestrator", *, id_prefix: str | None = None, sketch: bool = True
+        self,
+        agent: str = "orchestrator",
+        *,
+        id_prefix: str | None = None,
+        sketch: bool = True,
+        progress: bool = True,
     ) -> None:
         self.agent = agent
         self.id_prefix = id_prefix if id_prefix is not None else uuid.uuid4().hex[:8] + "-"
         #: whether events with content carry its sketch (``Event.sketch``) beside its hash
         self.sketch = sketch
+        #: whether returns carry what their text shows about progress (``Event.progress``)
+        self.progress = progress
         self._t0 = time.monotonic()
         self._n = 0
         self._last_t = 0.0
@@ -229,9 +240,35 @@ class EventRecorder:
         """A tool call (``content``: its arguments or command)."""
         return self.record("tool_use", tool=tool, content=content, **fields)
 
-    def returned(self, tool: str | None = None, *, content: Any = None, **fields: Any) -> Event:
-        """A tool or sub-agent hands a result back (a decision point)."""
-        return self.record("return", tool=tool, content=content, **fields)
+    def returned(
+        self,
+        tool: str | None = None,
+        *,
+        content: Any = None,
+        error: bool | None = None,
+        exit_code: int | None = None,
+        tool_input: Any = None,
+        **fields: Any,
+    ) -> Event:
+        """A tool or sub-agent hands a result back (a decision point).
+
+        When ``content`` is text (or ``exit_code`` is given) the event's ``progress`` says
+        what it shows (:func:`stopserve.signals.progress.extract`: test counts, the exit
+        code, an error signature, files changed), read here; the text itself is only
+        hashed and sketched, never sent. ``tool`` names the tool (a write tool that did
+        not fail changed one file), ``error`` whether it failed (``None``: not known),
+        ``exit_code`` its exit status, ``tool_input`` the call's arguments (an editor's
+        ``view`` command changes no file). A ``progress`` passed in is kept as it is.
+
+        >>> rec = EventRecorder(id_prefix="r1-")
+        >>> rec.returned("bash", content="==== 3 passed in 0.12s ====", exit_code=0).progress.tests_passed
+        3
+        """
+        if self.progress and "progress" not in fields and (isinstance(content, str) or exit_code is not None):
+            fields.update(
+                progress_fields(content, tool=tool, exit_code=exit_code, failed=error, tool_input=tool_input)
+            )
+        return self.record("return", tool=tool, content=content, error=error, **fields)
 
     def aggregate(self, *, content: Any = None, **fields: Any) -> Event:
         """Results are combined into an answer (a decision point)."""

@@ -82,6 +82,35 @@ def test_recorder_sketches_content_and_can_be_told_not_to(server: LiveServer) ->
     assert quiet.returned("bash", content="x").sketch is None and quiet.drain()[0].content_ref
 
 
+TOOLS = Path(__file__).parent / "signals" / "data" / "tools"  # real tool output (data/README.md)
+
+
+def test_recorder_reads_progress_from_a_result_s_text(server: LiveServer) -> None:
+    rec = EventRecorder()
+    failing = (TOOLS / "pytest-fail.txt").read_text()  # pytest 9.0.3: 2 failed, 1 passed, 1 error
+    run = rec.returned("bash", content=failing, error=True, exit_code=1)
+    assert run.progress is not None
+    assert (run.progress.tests_passed, run.progress.tests_failed, run.progress.exit_code) == (1, 3, 1)
+    assert run.progress.source == "pytest" and run.progress.error is not None
+    status = rec.returned("bash", content=(TOOLS / "git-status.txt").read_text(), exit_code=0)
+    assert status.progress is not None and status.progress.files_changed == 4
+    wrote = rec.returned("write_file", content="Wrote 12 lines to calc.py", error=False)
+    viewed = rec.returned("str_replace_based_edit_tool", content="1 def add", tool_input={"command": "view"})
+    assert wrote.progress is not None and viewed.progress is not None
+    assert (wrote.progress.files_changed, viewed.progress.files_changed) == (1, 0)
+    assert rec.returned("search", content={"hits": ["FAILED x"]}).progress is None  # not text: not read
+    assert rec.returned("bash", content="a.py b.py").progress is None  # text without a signal
+    with StopClient(server.url, timeout=2.0) as client:
+        client.decide("c-progress", rec.drain())
+        client.outcome("c-progress", {"team": 0.0})
+    logged = logged_trace(server, "c-progress").events
+    assert logged[0].progress == run.progress and logged[1].progress == status.progress
+    quiet = EventRecorder(progress=False)
+    assert quiet.returned("bash", content=failing, exit_code=1).progress is None
+    mine = {"tests_passed": 7, "source": "mine"}
+    assert rec.returned("bash", content=failing, progress=mine).progress.tests_passed == 7  # type: ignore[union-attr]
+
+
 def test_recorder_rejects_bad_event_with_field_named() -> None:
     rec = EventRecorder()
     with pytest.raises(TraceValidationError) as err:

@@ -20,6 +20,9 @@ Conventions shared by both harnesses:
 * content is never kept: only :func:`content_ref` hashes (and sketches, unless
   ``sketch=False``: :func:`~stopserve.ids.content_refs`), so the service can see
   repetition without seeing text; the facts below stay on the machine;
+* a tool result carries what its text shows about progress (``progress``: exit code,
+  test counts, error signature, files changed; :func:`stopserve.signals.progress.extract`,
+  run once per result, in this process);
 * an event id already emitted (recently) is not emitted again, so a tool call seen
   first in a hook's input and later in the transcript counts once.
 """
@@ -191,6 +194,12 @@ class TranscriptMapper:
 
     #: the name of the harness's own agent
     MAIN: ClassVar[str] = "main"
+    #: the harness flags every failed tool result (Claude Code's ``is_error``), so a result
+    #: not flagged succeeded; else only a stated exit code says so
+    FLAGS_FAILURES: ClassVar[bool] = False
+    #: tools whose result shows content (a file read, a page fetched, a search's hits), not what
+    #: came of a step: a traceback in a page read is no error, so their text is read only on failure
+    CONTENT_TOOLS: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, agent: str | None = None, *, sketch: bool = True) -> None:
         self.agent = agent or self.MAIN
@@ -336,15 +345,33 @@ class TranscriptMapper:
         if len(self._tools) > _PENDING_TOOLS:
             del self._tools[next(iter(self._tools))]
 
-    def result(self, call_id: str, t: float, ref_payload: Any, *, error: bool, output: str) -> None:
+    def result(
+        self,
+        call_id: str,
+        t: float,
+        ref_payload: Any,
+        *,
+        error: bool,
+        output: str,
+        exit_code: int | None = None,
+    ) -> None:
         """The result of a tool call: a ``return`` event by the tool (or the sub-agent).
 
+        Its ``progress`` is read from ``output`` with the call's tool and ``exit_code`` when
+        the caller knows it; a write tool's success is one file changed, and its text is not
+        read: it shows the file (a ``Write`` hook's ``tool_response`` holds the content written),
+        not what came of the step; nor is a content tool's (:attr:`CONTENT_TOOLS`) that did not fail.
         A result already counted (a hook saw it before the transcript did) changes
         nothing: neither the event nor the facts, which the first copy set with its call.
         """
         if self.seen(f"{call_id}.out"):
             return
+        # imported at the first result: its patterns take ~4 ms to compile, which a hook call
+        # without a new result (a Stop, a PreToolUse) need not pay
+        from stopserve.signals.progress import WRITE_TOOLS, progress_fields
+
         tool, label, kind, agent = self._tools.pop(call_id, None) or ["unknown", "", "", "unknown"]
+        shown = not error and (tool in WRITE_TOOLS or tool in self.CONTENT_TOOLS)
         self.emit(
             self.event(
                 f"{call_id}.out",
@@ -354,6 +381,12 @@ class TranscriptMapper:
                 tool=tool,
                 **content_refs(ref_payload, text=output, sketch=self.sketch),
                 error=error,
+                **progress_fields(
+                    None if shown else output,
+                    tool=tool,
+                    exit_code=exit_code,
+                    failed=True if error else False if self.FLAGS_FAILURES else None,
+                ),
             )
         )
         self.facts.result(tool, label, error, output)

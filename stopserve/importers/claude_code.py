@@ -17,6 +17,11 @@ trace (``trace_id`` = ``task_id`` = the session id, ``system="claude-code"``,
   ``Task``/``Agent`` call), id ``<tool_use id>.out``, ``error`` from ``is_error``,
   ``content_ref`` = hash of the line's ``toolUseResult`` (the structured result, the
   same object a ``PostToolUse`` hook receives as ``tool_response``), else of the text;
+  ``progress`` from the text (:func:`stopserve.signals.progress.extract`: test counts,
+  the exit code of a failed ``Bash`` call's "Exit code N", an error signature, one file
+  changed by an ``Edit``/``Write``/``MultiEdit``/``NotebookEdit`` that did not fail); a
+  result not flagged ``is_error`` is a success; the text of a write, ``Read``, ``Grep``,
+  ``Glob``, ``LS``, ``WebFetch`` or ``WebSearch`` that did not fail is content, not read;
 * an assistant turn ending in text (the next line is a prompt, a harness note, or
   the end) -> a proposed ``stop`` (``information_complete``): where the ``Stop`` hook
   fires live;
@@ -108,6 +113,9 @@ def tool_payload(name: str, tool_input: Any) -> dict[str, Any]:
 
 class ClaudeCodeMapper(TranscriptMapper):
     """Claude Code transcript lines -> events (see the module docstring)."""
+
+    FLAGS_FAILURES = True  # a failed tool result has is_error (a Bash one: "Exit code N" too)
+    CONTENT_TOOLS = frozenset({"Read", "NotebookRead", "Grep", "Glob", "LS", "WebFetch", "WebSearch"})
 
     def __init__(self, agent: str | None = None, agent_ids: Mapping[str, str] | None = None) -> None:
         super().__init__(agent)

@@ -20,6 +20,9 @@ threads merged in under their thread ids. Records map as:
   (``metadata.exit_code``, "Process exited with code N", or the ``exec_command_end``
   event); ``content_ref`` hashes the output without its timing lines ("Wall time",
   "Chunk ID", ...), so the same command with the same output hashes the same;
+  ``progress`` from the output and that exit code (:func:`stopserve.signals.progress.extract`:
+  test counts, an error signature, files changed from ``apply_patch``'s "Success. Updated
+  the following files:", ``git status`` or ``git diff --stat``);
 * ``event_msg`` ``task_complete`` -> a proposed ``stop`` (id ``<turn_id>.stop``): where
   the ``Stop`` hook fires live.
 
@@ -274,7 +277,7 @@ class CodexMapper(TranscriptMapper):
             # command's end event, and goes into the hash so both copies hash the same
             code = payload["exit_code"] = known
         failed = error if error is not None else code is not None and code != 0
-        self.result(call_id, t, payload, error=failed, output=text)
+        self.result(call_id, t, payload, error=failed, output=text, exit_code=code)
 
     def _event(self, msg: dict[str, Any], t: float) -> None:
         etype = msg.get("type")

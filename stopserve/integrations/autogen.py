@@ -17,7 +17,9 @@ call; ``ToolCallExecutionEvent`` -> one ``return`` per result (``error`` from
 ``is_error``); ``HandoffMessage`` -> ``delegate``, then a ``return`` without content
 (the agent's turn ends with the handoff); ``CodeGenerationEvent`` -> ``tool_use``;
 ``CodeExecutionEvent`` -> ``return`` (``error`` when the exit code is not 0);
-``models_usage`` -> ``tokens``. The task (a message from ``user``) and
+``models_usage`` -> ``tokens``. A tool or code result's text gives its ``progress``
+(:func:`stopserve.signals.progress.extract`: test counts, the exit code, an error
+signature, files changed; ``progress=False``: none). The task (a message from ``user``) and
 ``StopMessage`` stay ``communicate``; so does the summary of a tool call
 (``ToolCallSummaryMessage``), without content: its results were the turn. Other
 agent events (thoughts, streaming chunks, speaker selection) carry no action and
@@ -60,7 +62,7 @@ from stopserve.integrations._common import (
     stop_text,
 )
 from stopserve.objective import Objective
-from stopserve.signals.progress import Progress, ledger_text
+from stopserve.signals.progress import Progress, ledger_text, progress_fields
 from stopserve.trace import Event, Stop, Topology
 
 try:
@@ -110,6 +112,7 @@ class StopServeTerminationConfig(BaseModel):
     run_prefix: str = "autogen-"
     replies_as_turns: bool = True
     sketch: bool = True
+    progress: bool = True
 
 
 def _tokens(message: BaseAgentEvent | BaseChatMessage) -> int | None:
@@ -125,13 +128,15 @@ def events_from_messages(
     *,
     replies_as_turns: bool = True,
     sketch: bool = True,
+    progress: bool = True,
 ) -> list[Event]:
     """Format-v1 events for AutoGen messages (ids derive from message ids: retries are idempotent).
 
     ``replies_as_turns`` (default) maps an agent's reply to ``return`` (it hands its turn
     back to the team) and ends a handoff with one, so every agent turn is a decision
     point; ``False`` maps replies to ``communicate`` (only tool and code results are turns).
-    Events with content carry its hash and its sketch (``sketch=False``: the hash only).
+    Events with content carry its hash and its sketch (``sketch=False``: the hash only);
+    tool and code results what their text shows about progress (``progress=False``: not).
     """
     out: list[dict[str, Any]] = []
     for message in messages:
@@ -156,6 +161,12 @@ def events_from_messages(
                         "tool": result.name,
                         "error": bool(result.is_error),
                         **content_refs(result.content),
+                        # is_error: the tool raised; a tool that returns a failure says so in its text
+                        **(
+                            progress_fields(result.content, tool=result.name, failed=result.is_error or None)
+                            if progress
+                            else {}
+                        ),
                     }
                 )
         elif isinstance(message, CodeGenerationEvent):
@@ -168,6 +179,11 @@ def events_from_messages(
                     "tool": "code",
                     "error": code.exit_code != 0,
                     **content_refs(code.output),
+                    **(
+                        progress_fields(code.output, tool="code", exit_code=code.exit_code)
+                        if progress
+                        else {}
+                    ),
                 }
             )
         elif isinstance(message, HandoffMessage):
@@ -351,6 +367,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         run_prefix: str = "autogen-",
         replies_as_turns: bool = True,
         sketch: bool = True,
+        progress: bool = True,
     ) -> None:
         if objective is not None and not isinstance(objective, Objective):
             objective = Objective.from_dict(objective)
@@ -366,6 +383,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
             run_prefix=run_prefix,
             replies_as_turns=replies_as_turns,
             sketch=sketch,
+            progress=progress,
         )
         self.client = integration_client(
             AsyncStopClient,
@@ -400,7 +418,11 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         run_id = self._start()
         config = self._config
         events = events_from_messages(
-            messages, self._clock, replies_as_turns=config.replies_as_turns, sketch=config.sketch
+            messages,
+            self._clock,
+            replies_as_turns=config.replies_as_turns,
+            sketch=config.sketch,
+            progress=config.progress,
         )
         ready = self._outbox.ready(events)
         if ready is None:

@@ -29,7 +29,9 @@ Mapping: ``AIMessage`` tool calls -> one ``tool_use`` per call; an ``AIMessage``
 without calls -> ``return``: the node that wrote it hands its turn back, a decision
 point, so a graph of agents that only talk is decided on turn by turn (and the loop
 detector's ``repeated_reply`` sees an agent repeating itself); ``ToolMessage`` ->
-``return`` (``error`` when its status is ``error``); ``HumanMessage`` and other
+``return`` (``error`` when its status is ``error``; ``progress`` from its text:
+:func:`stopserve.signals.progress.extract`'s test counts, exit code, error signature,
+files changed; ``progress=False``: none); ``HumanMessage`` and other
 messages -> ``communicate`` (role ``human`` for a human); ``usage_metadata`` ->
 ``tokens``. System messages are skipped. ``replies_as_turns=False`` maps a reply
 without calls to ``communicate`` (only tool results are turns, as in earlier
@@ -65,6 +67,7 @@ from stopserve.integrations._common import (
     stop_text,
 )
 from stopserve.objective import Objective
+from stopserve.signals.progress import progress_fields
 from stopserve.trace import Event, Stop, Topology
 
 try:
@@ -113,6 +116,19 @@ def _tokens(message: AIMessage) -> int | None:
     return max(0, int(total))
 
 
+def _text(content: Any) -> str:
+    """The text of a message's content: a string, or its text blocks (LangChain's list form)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            b if isinstance(b, str) else str(b.get("text", ""))
+            for b in content
+            if isinstance(b, str) or (isinstance(b, Mapping) and b.get("type") == "text")
+        )
+    return ""
+
+
 def events_from_messages(
     messages: Sequence[Any],
     clock: RunClock,
@@ -120,12 +136,14 @@ def events_from_messages(
     *,
     replies_as_turns: bool = True,
     sketch: bool = True,
+    progress: bool = True,
 ) -> list[Event]:
     """Format-v1 events for the LangChain messages whose ids are not in ``seen`` (updated).
 
     ``replies_as_turns`` (default) maps an ``AIMessage`` without tool calls to ``return``
     (its node hands the turn back: a decision point), else to ``communicate``. Events with
-    content carry its hash and its sketch (``sketch=False``: the hash only).
+    content carry its hash and its sketch (``sketch=False``: the hash only); tool results
+    what their text shows about progress (``progress=False``: not).
     """
     seen = set() if seen is None else seen
     out: list[Event] = []
@@ -168,6 +186,16 @@ def events_from_messages(
                     "tool": message.name,
                     "error": message.status == "error",
                     **content_refs(message.content),
+                    # a status "success" is only the default: a tool's failure may be in its text
+                    **(
+                        progress_fields(
+                            _text(message.content),
+                            tool=message.name,
+                            failed=message.status == "error" or None,
+                        )
+                        if progress
+                        else {}
+                    ),
                 }
             )
         elif isinstance(message, SystemMessage):
@@ -219,6 +247,7 @@ class StopServeRouter:
         max_runs: int = 10_000,
         replies_as_turns: bool = True,
         sketch: bool = True,
+        progress: bool = True,
         client: StopClient | None = None,
     ) -> None:
         self.then = then if then is not None else tools_condition
@@ -230,6 +259,8 @@ class StopServeRouter:
         self.max_runs = max_runs
         self.replies_as_turns = replies_as_turns
         self.sketch = sketch
+        #: whether tool results carry what their text shows about progress
+        self.progress = progress
         self.client = client or integration_client(
             StopClient,
             url,
@@ -272,7 +303,12 @@ class StopServeRouter:
         messages = _messages(state, self.messages_key)
         turns = self.replies_as_turns
         events = events_from_messages(
-            messages, track.clock, track.seen, replies_as_turns=turns, sketch=self.sketch
+            messages,
+            track.clock,
+            track.seen,
+            replies_as_turns=turns,
+            sketch=self.sketch,
+            progress=self.progress,
         )
         ready = track.outbox.ready(events)
         if ready is None:

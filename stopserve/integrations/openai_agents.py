@@ -36,7 +36,9 @@ tool step) ends the run. Text-only agents handing a task back and forth end this
 
 Mapping, one model response at a time (the SDK's turn): calls to local tools
 (function, computer, shell, custom, apply-patch) -> ``tool_use``, their results
-(``on_tool_end``) -> ``return``; handoff calls -> ``delegate`` (``to``: the agent
+(``on_tool_end``) -> ``return``, with ``progress`` from the result's text
+(:func:`stopserve.signals.progress.extract`: test counts, exit code, error signature,
+files changed; ``progress=False``: none); handoff calls -> ``delegate`` (``to``: the agent
 handed to); a response that calls no local tool is the agent's whole turn and ends
 with a ``return``: its message text, or no content for a bare handoff (a handoff
 call's arguments are the same every time: they must not count as a repeated
@@ -66,6 +68,7 @@ from stopserve.integrations._common import (
     stop_text,
 )
 from stopserve.objective import Objective
+from stopserve.signals.progress import progress_fields
 from stopserve.trace import Event, Stop, Topology
 
 try:
@@ -134,6 +137,7 @@ class StopServeHooks(RunHooks[Any]):
         run_id: str | None = None,
         replies_as_turns: bool = True,
         sketch: bool = True,
+        progress: bool = True,
         client: AsyncStopClient | None = None,
     ) -> None:
         self.client = client or integration_client(
@@ -148,6 +152,8 @@ class StopServeHooks(RunHooks[Any]):
         self.replies_as_turns = replies_as_turns
         #: whether events with content carry its sketch beside its hash
         self.sketch = sketch
+        #: whether tool results carry what their text shows about progress
+        self.progress = progress
         self.final_output = final_output or _default_final
         self.task_id = task_id
         self.system = system
@@ -238,7 +244,9 @@ class StopServeHooks(RunHooks[Any]):
         self, context: RunContextWrapper[Any], agent: Agent[Any], tool: Tool, result: object
     ) -> None:
         name = getattr(tool, "name", "tool")
-        event = self._event(type="return", agent=agent.name, tool=name, **content_refs(str(result)))
+        text = str(result)
+        read = progress_fields(text, tool=name) if self.progress else {}
+        event = self._event(type="return", agent=agent.name, tool=name, **content_refs(text), **read)
         await self._ask([event])
 
     async def on_handoff(self, context: RunContextWrapper[Any], from_agent: Any, to_agent: Any) -> None:

@@ -45,6 +45,7 @@ __all__ = [
     "ledger",
     "ledger_text",
     "normalise_error",
+    "progress_fields",
     "runner_counts",
 ]
 
@@ -444,6 +445,34 @@ def extract(
         return None
     out["source"] = source or ("exit_code" if code is not None else "error")
     return out
+
+
+def progress_fields(
+    text: Any,
+    *,
+    tool: str | None = None,
+    exit_code: int | None = None,
+    failed: bool | None = None,
+    tool_input: Any = None,
+) -> dict[str, Progress]:
+    """An event's ``progress`` field for a step's output: ``{"progress": ...}``, or ``{}``.
+
+    :func:`extract` of ``text`` (read only when it is a string), for a producer to spread
+    into an event beside :func:`stopserve.ids.content_refs`; ``{}`` when it shows no signal.
+
+    >>> progress_fields("====== 4 passed in 0.30s ======", tool="Bash")
+    {'progress': {'tests_passed': 4, 'tests_failed': 0, 'source': 'pytest'}}
+    >>> progress_fields({"not": "text"})
+    {}
+    """
+    found = extract(
+        text if isinstance(text, str) else None,
+        tool=tool,
+        exit_code=exit_code,
+        failed=failed,
+        tool_input=tool_input,
+    )
+    return {} if found is None else {"progress": found}
 
 
 # --------------------------------------------------------------------------- orchestrator ledgers

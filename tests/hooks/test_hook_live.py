@@ -480,3 +480,29 @@ def test_the_hook_posts_sketches_and_no_sketch_leaves_them_out(
         and similar(calls[0]["sketch"], outs[0]["sketch"]) < 0.2
     )
     assert not any("sketch" in e for e in traces[("--no-sketch",)]["events"])
+
+
+def test_the_hook_posts_what_each_result_shows_about_progress(
+    server: LiveServer, tmp_path: Path, state: Path
+) -> None:
+    failing = (Path(__file__).parents[1] / "signals" / "data" / "tools" / "pytest-q-fail.txt").read_text()
+    session = "sess-progress"
+    s = ClaudeSession(tmp_path / "proj", session)
+    s.user("Fix the calculator")
+    edit = {"file_path": "/w/calc.py", "old_string": "a", "new_string": "b"}
+    s.call("toolu_e1", "Edit", edit)
+    edited = {"filePath": "/w/calc.py", "oldString": "a", "newString": "b"}
+    assert (
+        run_hook("claude-code", s.post_tool("toolu_e1", "Edit", edit, edited), url=server.url, state=state).rc
+        == 0
+    )
+    s.result("toolu_e1", edited)
+    command = {"command": "python -m pytest -q", "description": "run the tests"}
+    s.call("toolu_t1", "Bash", command)
+    hook_input = s.post_tool_failure("toolu_t1", "Bash", command, "Exit code 1\n" + failing)
+    assert run_hook("claude-code", hook_input, url=server.url, state=state).rc == 0
+    s.result("toolu_t1", "Exit code 1\n" + failing, error=True)
+    events = {e["id"]: e for e in _labelled_trace(session, server.url, state)["events"]}
+    assert events["toolu_e1.out"]["progress"] == {"files_changed": 1, "source": "edit_tool"}
+    run = events["toolu_t1.out"]["progress"]
+    assert (run["tests_passed"], run["tests_failed"], run["exit_code"], run["source"]) == (1, 3, 1, "pytest")

@@ -19,6 +19,8 @@ from stopserve.trace import is_decision_point, read_traces
 
 DATA = Path(__file__).parent / "data" / "claude-code"
 REAL = DATA / "c64cc478-3430-40fe-8e9c-4ee9986e9754.jsonl"
+#: real tool output (pytest 9.0.3 and others, tests/signals/data/README.md)
+TOOLS = Path(__file__).parents[1] / "signals" / "data" / "tools"
 
 
 def ts(second: float) -> str:
@@ -123,6 +125,89 @@ def test_the_real_session_facts() -> None:
     assert (
         facts.last_call_failed is True and facts.last_error is not None and "Exit code 1" in facts.last_error
     )
+
+
+def test_the_real_session_results_carry_progress() -> None:
+    (trace,) = list(read(REAL))
+    progress = {e.id: e.progress for e in trace.events if e.type == "return"}
+    tests = progress["toolu_012b68ubGTb54EL4FP3YDLUC.out"]  # pytest -v: "2 passed in 0.01s"
+    assert tests is not None and (tests.tests_passed, tests.tests_failed, tests.source) == (2, 0, "pytest")
+    assert tests.exit_code is None and tests.error is None  # no exit code printed; nothing failed
+    commit = progress[
+        "toolu_01LZHfE3DNUh3HBws9z8uhN2.out"
+    ]  # "Exit code 1\nOn branch master\nnothing to commit"
+    assert commit is not None and commit.exit_code == 1 and commit.files_changed == 0
+    assert commit.error is not None and commit.error.startswith("error:")
+    assert progress["toolu_0173gGuN8G4FkjzEPrXPe2ea.out"] is None  # a Glob's file list shows no signal
+
+
+def test_edits_count_files_and_a_failing_test_run_its_tests() -> None:
+    failing = "Exit code 1\n" + (TOOLS / "pytest-q-fail.txt").read_text()  # as Claude Code reports it
+    mapper = ClaudeCodeMapper()
+    lines = [
+        assistant("a1", 0, [tool_use("t1", "Edit", {"file_path": "/w/calc.py", "old_string": "a"})], "m1"),
+        tool_result("r1", 1, "t1", "The file /w/calc.py has been updated."),
+        assistant("a2", 2, [tool_use("t2", "Write", {"file_path": "/w/new.py", "content": "x"})], "m2"),
+        tool_result(
+            "r2", 3, "t2", "<tool_use_error>File has not been read yet.</tool_use_error>", error=True
+        ),
+        assistant("a3", 4, [tool_use("t3", "Bash", {"command": "python -m pytest -q"})], "m3"),
+        tool_result("r3", 5, "t3", failing, error=True),
+        assistant("a4", 6, [tool_use("t4", "Bash", {"command": "git log -1 --format=%s"})], "m4"),
+        tool_result("r4", 7, "t4", "TypeError: raised for a non-string name"),
+    ]
+    events = [e for line in lines for e in mapper.feed(line)]
+    progress = {e["id"]: e.get("progress") for e in events if e["type"] == "return"}
+    assert progress["t1.out"] == {"files_changed": 1, "source": "edit_tool"}
+    assert "files_changed" not in progress["t2.out"]  # a refused write changed nothing
+    run = progress["t3.out"]
+    assert (run["tests_passed"], run["tests_failed"], run["exit_code"]) == (1, 3, 1)
+    assert run["source"] == "pytest" and run["error"].startswith("tests:")
+    assert mapper.facts.last_test_passed is False
+    # a command not flagged failed succeeded: an exception's name in what it printed is no error
+    assert progress["t4.out"] is None
+
+
+def test_a_hook_result_and_its_transcript_line_carry_the_same_progress() -> None:
+    output = (TOOLS / "pytest-q-pass.txt").read_text()
+    response = {"stdout": output, "stderr": "", "interrupted": False, "isImage": False}
+    live = ClaudeCodeMapper()
+    live.tool_event("toolu_2", "Bash", {"command": "pytest -q"}, response, 1.0e9, error=False)
+    offline = ClaudeCodeMapper()
+    offline.feed(assistant("a1", 0, [tool_use("toolu_2", "Bash", {"command": "pytest -q"})], "m1"))
+    (ret,) = offline.feed(tool_result("r1", 1, "toolu_2", output, structured=response))
+    assert (
+        live.drain()[1]["progress"]
+        == ret["progress"]
+        == {
+            "tests_passed": 1,
+            "tests_failed": 0,
+            "source": "pytest",
+        }
+    )
+
+
+def test_what_a_write_or_a_read_shows_is_content_not_an_outcome() -> None:
+    """A ``PostToolUse`` hook's ``tool_response`` of a ``Write`` holds the file written: a test
+    module expecting a traceback is no error, nor its test counts a test run."""
+    written = (TOOLS / "pytest-q-fail.txt").read_text()
+    response = {"type": "create", "filePath": "/w/expected.txt", "content": written, "structuredPatch": []}
+    live = ClaudeCodeMapper()
+    live.tool_event(
+        "toolu_w", "Write", {"file_path": "/w/expected.txt", "content": written}, response, 1.0e9, error=False
+    )
+    assert live.drain()[1]["progress"] == {"files_changed": 1, "source": "edit_tool"}
+    # nor is a file read or a page fetched a failure for the traceback it shows; a failed read is
+    read = "     1\tTraceback (most recent call last):\n     2\t  File \"app.py\"\n     3\tKeyError: 'x'\n"
+    page = "Traceback (most recent call last):\n  File \"app.py\", line 3\nKeyError: 'x'\nHow do I fix it?"
+    live.tool_event("toolu_r", "Read", {"file_path": "/w/log.txt"}, read, 1.0e9, error=False)
+    live.tool_event("toolu_f", "WebFetch", {"url": "https://example.org/q"}, page, 1.0e9, error=False)
+    live.tool_event(
+        "toolu_x", "Read", {"file_path": "/w/gone.txt"}, "File does not exist.", 1.0e9, error=True
+    )
+    returns = [e for e in live.drain() if e["type"] == "return"]
+    assert [e.get("progress") for e in returns[:2]] == [None, None]
+    assert returns[2]["progress"]["error"].startswith("error:")
 
 
 def test_subagents_are_spawned_delegated_and_merged_in_time_order(tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ from typing import Any
 from stopserve.importers.codex import CodexMapper, read, result_payload, tool_call
 
 DATA = Path(__file__).parent / "data" / "codex"
+#: real tool output (pytest 9.0.3, codex-cli 0.169.0's apply_patch, ...: tests/signals/data/README.md)
+TOOLS = Path(__file__).parents[1] / "signals" / "data" / "tools"
 
 
 def ts(second: float) -> str:
@@ -137,6 +139,60 @@ def test_a_turn_with_tool_calls(tmp_path: Path) -> None:
     assert counted == [1000 - 200 + 50, (2500 - 900 + 80) - (1000 - 200 + 50)]
     assert trace.costs["cache_read_tokens"] == 900
     assert sum(1 for e in trace.events if e.type == "communicate") == 2  # prompt and answer, once each
+
+
+def test_results_carry_progress_from_exit_codes_test_runs_and_patches() -> None:
+    patched = (TOOLS / "codex-apply-patch.txt").read_text()  # "Success. Updated the following files:"
+    patch = "*** Begin Patch\n*** Add File: new.py\n+x\n*** Update File: old.py\n@@\n-a\n+b\n*** End Patch"
+    mapper = CodexMapper()
+    lines = [
+        call(1, "c1", "exec_command", {"cmd": "python -m pytest -q"}),
+        output(2, "c1", exec_out(1, (TOOLS / "pytest-q-fail.txt").read_text(), 0.4)),
+        rec(
+            3,
+            "response_item",
+            {"type": "custom_tool_call", "name": "apply_patch", "call_id": "c2", "input": patch},
+        ),
+        rec(
+            4,
+            "response_item",
+            {
+                "type": "custom_tool_call_output",
+                "call_id": "c2",
+                "output": json.dumps(
+                    {"output": patched, "metadata": {"exit_code": 0, "duration_seconds": 0.0}}
+                ),
+            },
+        ),
+        call(5, "c3", "exec_command", {"cmd": "git status"}),
+        output(6, "c3", exec_out(0, (TOOLS / "git-status.txt").read_text(), 0.01)),
+        call(7, "c4", "exec_command", {"cmd": "ls"}),
+        output(8, "c4", exec_out(0, "a.py\nb.py\n", 0.01)),
+    ]
+    events = [e for line in lines for e in mapper.feed(line)]
+    progress = {e["id"]: e.get("progress") for e in events if e["type"] == "return"}
+    run = progress["c1.out"]
+    assert (run["tests_passed"], run["tests_failed"], run["exit_code"], run["source"]) == (1, 3, 1, "pytest")
+    assert run["error"].startswith("tests:")
+    assert progress["c2.out"] == {"exit_code": 0, "files_changed": 2, "source": "apply_patch"}
+    # deleted b.py, modified a.py, untracked c.py and status.out
+    assert progress["c3.out"] == {"exit_code": 0, "files_changed": 4, "source": "git"}
+    assert progress["c4.out"] == {"exit_code": 0, "source": "exit_code"}
+
+
+def test_the_hook_and_the_rollout_read_the_same_progress() -> None:
+    """A PostToolUse hook's output is the bare text; the exit code comes from the command's end."""
+    body = (TOOLS / "pytest-q-fail.txt").read_text()
+    live = CodexMapper()
+    live.feed(call(1, "c5", "exec_command", {"cmd": "pytest -q"}))
+    live.feed(rec(2, "event_msg", {"type": "exec_command_end", "call_id": "c5", "exit_code": 1}))
+    live.tool_event("c5", "Bash", {"command": "pytest -q"}, body, 1.0e9, error=False)
+    (hooked,) = live.drain()
+    offline = CodexMapper()
+    offline.feed(call(1, "c5", "exec_command", {"cmd": "pytest -q"}))
+    (logged,) = offline.feed(output(2, "c5", exec_out(1, body, 0.4)))
+    assert hooked["progress"] == logged["progress"]
+    assert hooked["progress"]["exit_code"] == 1 and hooked["progress"]["tests_failed"] == 3
 
 
 def test_the_same_output_at_another_wall_time_hashes_the_same() -> None:

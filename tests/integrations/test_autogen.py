@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from servers import LiveServer
@@ -15,6 +16,7 @@ from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.base import TaskResult, TerminationCondition
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import (
+    CodeExecutionEvent,
     HandoffMessage,
     TextMessage,
     ToolCallExecutionEvent,
@@ -23,13 +25,14 @@ from autogen_agentchat.messages import (
 )
 from autogen_agentchat.teams import RoundRobinGroupChat
 from autogen_core import FunctionCall
+from autogen_core.code_executor import CodeResult
 from autogen_core.models import CreateResult, FunctionExecutionResult, ModelFamily, ModelInfo, RequestUsage
 from autogen_ext.models.replay import ReplayChatCompletionClient
 
 from stopserve.integrations._common import RunClock
 from stopserve.integrations.autogen import StopServeTermination, events_from_messages
 from stopserve.objective import Objective
-from stopserve.trace import read_traces
+from stopserve.trace import Trace, read_traces
 
 MODEL_INFO = ModelInfo(
     vision=False,
@@ -223,6 +226,34 @@ def test_text_only_team_counts_replies_as_turns(server: LiveServer) -> None:
     assert [e.type for e in events] == ["communicate", "return", "return"]
 
 
+def calls_to(name: str, arguments: str, n: int) -> list[CreateResult]:
+    """``n`` model turns that each call tool ``name`` with the same arguments."""
+    return [
+        CreateResult(
+            finish_reason="function_calls",
+            content=[FunctionCall(id=f"{name}{i}", name=name, arguments=arguments)],
+            usage=RequestUsage(prompt_tokens=10, completion_tokens=2),
+            cached=False,
+        )
+        for i in range(n)
+    ]
+
+
+def logged_run(server: LiveServer, stop: StopServeTermination, turns: list[CreateResult], tool: Any) -> Trace:
+    """One coder's team run with ``tool`` until ``stop`` (or 50 messages): the trace the service logged."""
+    model = ReplayChatCompletionClient(turns, model_info=MODEL_INFO)
+    coder = AssistantAgent("coder", model_client=model, tools=[tool])
+    team = RoundRobinGroupChat([coder], termination_condition=stop | MaxMessageTermination(50))
+
+    async def main() -> None:
+        await team.run(task="fix it")
+        await stop.outcome({"team": 0.0})
+        await stop.aclose()
+
+    asyncio.run(main())
+    return next(t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == stop.last_run_id)
+
+
 def test_the_same_failure_at_another_time_is_one_sketch(server: LiveServer) -> None:
     tries = iter(range(100))
 
@@ -230,32 +261,44 @@ def test_the_same_failure_at_another_time_is_one_sketch(server: LiveServer) -> N
         """Run the migrations at path."""
         return traceback_at(next(tries))
 
-    def call(i: int) -> CreateResult:
-        return CreateResult(
-            finish_reason="function_calls",
-            content=[FunctionCall(id=f"m{i}", name="migrate", arguments='{"path": "db"}')],
-            usage=RequestUsage(prompt_tokens=10, completion_tokens=2),
-            cached=False,
-        )
-
     traces = {}
     for sketch in (True, False):
         stop = StopServeTermination(server.url, safety={"max_turns": 3}, timeout=2.0, sketch=sketch)
-        model = ReplayChatCompletionClient([call(i) for i in range(6)], model_info=MODEL_INFO)
-        coder = AssistantAgent("coder", model_client=model, tools=[migrate])
-        team = RoundRobinGroupChat([coder], termination_condition=stop | MaxMessageTermination(50))
-
-        async def main(team: RoundRobinGroupChat = team, stop: StopServeTermination = stop) -> None:
-            await team.run(task="migrate the db")
-            await stop.outcome({"team": 0.0})
-            await stop.aclose()
-
-        asyncio.run(main())
-        traces[sketch] = next(
-            t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == stop.last_run_id
-        )
+        traces[sketch] = logged_run(server, stop, calls_to("migrate", '{"path": "db"}', 6), migrate)
     outs = [e for e in traces[True].events if e.type == "return" and e.tool == "migrate"]
     assert len(outs) == 3 and len({e.content_ref for e in outs}) == 3  # three different texts
     assert similar(outs[0].sketch, outs[1].sketch) == similar(outs[0].sketch, outs[2].sketch) == 1.0
     assert all(e.sketch is None for e in traces[False].events)
     assert StopServeTermination(sketch=False).dump_component().config["sketch"] is False
+
+
+TOOLS = Path(__file__).parents[1] / "signals" / "data" / "tools"  # real tool output (data/README.md)
+
+
+def test_tool_and_code_results_carry_progress(server: LiveServer) -> None:
+    runs = [(TOOLS / "pytest-q-fail.txt").read_text(), (TOOLS / "pytest-q-pass.txt").read_text()]
+    outputs = iter(runs)
+
+    def pytest_q(path: str) -> str:
+        """Run pytest -q at path."""
+        return next(outputs, "no tests ran in 0.01s")
+
+    traces = {}
+    for progress in (True, False):
+        outputs = iter(runs)  # pytest 9.0.3: 2 failed, 1 passed, 1 error; then 1 passed
+        stop = StopServeTermination(server.url, safety={"max_turns": 2}, timeout=2.0, progress=progress)
+        traces[progress] = logged_run(server, stop, calls_to("pytest_q", '{"path": "."}', 4), pytest_q)
+    outs = [e.progress for e in traces[True].events if e.type == "return" and e.tool == "pytest_q"]
+    assert [(p.tests_passed, p.tests_failed) for p in outs if p is not None] == [(1, 3), (1, 0)]
+    assert outs[0] is not None and outs[0].error is not None and outs[1] is not None and outs[1].error is None
+    assert all(e.progress is None for e in traces[False].events)
+    assert StopServeTermination(progress=False).dump_component().config["progress"] is False
+    # a code executor's result: its exit code is known
+    ran = CodeExecutionEvent(
+        source="coder",
+        retry_attempt=0,
+        result=CodeResult(exit_code=1, output=(TOOLS / "unittest-fail.txt").read_text()),
+    )
+    (event,) = events_from_messages([ran], RunClock())
+    assert event.progress is not None and (event.progress.exit_code, event.progress.source) == (1, "unittest")
+    assert (event.progress.tests_passed, event.progress.tests_failed) == (1, 2)

@@ -194,35 +194,80 @@ def migrate(path: str) -> str:
     return traceback_at(next(_TRIES))
 
 
+def calls_to(name: str, args: dict[str, Any], n: int, answer: str) -> FakeMessagesListChatModel:
+    """A model that calls tool ``name`` ``n`` times with the same ``args``, then says ``answer``."""
+    calls = [
+        AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"{name}{i}"}]) for i in range(n)
+    ]
+    return FakeMessagesListChatModel(responses=[*calls, AIMessage(content=answer)])
+
+
+def logged_run(server: LiveServer, router: StopServeRouter, model: Any, tool: Any, thread: str) -> Any:
+    """One graph run of ``model`` and ``tool`` under ``router``: the trace the service logged."""
+    graph = build(router, model=model, tool=tool)
+    config = {"configurable": {"thread_id": thread}}
+    graph.invoke({"messages": [HumanMessage(content="fix it")]}, config)
+    router.outcome({"team": 0.0}, config=config)
+    router.close()
+    return next(
+        t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == f"langgraph-{thread}"
+    )
+
+
 def test_the_same_failure_at_another_time_is_one_sketch(server: LiveServer) -> None:
     traces = {}
     for sketch in (True, False):
-        model = FakeMessagesListChatModel(
-            responses=[
-                *(
-                    AIMessage(
-                        content="", tool_calls=[{"name": "migrate", "args": {"path": "db"}, "id": f"m{i}"}]
-                    )
-                    for i in range(3)
-                ),
-                AIMessage(content="giving up"),
-            ]
-        )
-
         router = StopServeRouter(server.url, safety={"max_turns": 50}, timeout=2.0, sketch=sketch)
-        graph = build(router, model=model, tool=migrate)
-        config = {"configurable": {"thread_id": f"lg-sketch-{sketch}"}}
-        graph.invoke({"messages": [HumanMessage(content="migrate the db")]}, config)
-        router.outcome({"team": 0.0}, config=config)
-        router.close()
-        traces[sketch] = next(
-            t
-            for t in read_traces(server.log_dir / "traces.jsonl")
-            if t.trace_id == f"langgraph-lg-sketch-{sketch}"
-        )
+        model = calls_to("migrate", {"path": "db"}, 3, "giving up")
+        traces[sketch] = logged_run(server, router, model, migrate, f"lg-sketch-{sketch}")
     outs = [e for e in traces[True].events if e.type == "return" and e.tool == "migrate"]
     assert len(outs) == 3 and len({e.content_ref for e in outs}) == 3  # three different texts
     assert similar(outs[0].sketch, outs[1].sketch) == similar(outs[1].sketch, outs[2].sketch) == 1.0
     calls = [e for e in traces[True].events if e.type == "tool_use"]
     assert len(calls) == 3 and similar(calls[0].sketch, outs[0].sketch) < 0.2
     assert all(e.sketch is None for e in traces[False].events)
+
+
+TOOLS = Path(__file__).parents[1] / "signals" / "data" / "tools"  # real tool output (data/README.md)
+_RUNS: list[str] = []
+
+
+@tool
+def go_test(pkg: str) -> str:
+    """Run go test on a package."""
+    return _RUNS.pop(0)
+
+
+def test_tool_results_carry_progress(server: LiveServer) -> None:
+    # a tool's text in LangChain's list form, and a failed call (status "error") whose text is an exception
+    (listed, failed) = events_from_messages(
+        [
+            ToolMessage(
+                content=[{"type": "text", "text": (TOOLS / "cargo-fail.txt").read_text()}],
+                name="cargo",
+                tool_call_id="c1",
+            ),
+            ToolMessage(
+                content="Error: KeyError('path')\n Please fix your mistakes.",
+                name="read",
+                tool_call_id="c2",
+                status="error",
+            ),
+        ],
+        RunClock(),
+    )
+    assert listed.progress is not None and listed.progress.source == "cargo"
+    assert (listed.progress.tests_passed, listed.progress.tests_failed) == (1, 1)
+    assert failed.progress is not None and failed.progress.error is not None
+    traces = {}
+    for progress in (True, False):
+        _RUNS[:] = [(TOOLS / "go-fail-v.txt").read_text(), (TOOLS / "go-pass-v.txt").read_text()]
+        router = StopServeRouter(server.url, safety={"max_turns": 50}, timeout=2.0, progress=progress)
+        model = calls_to("go_test", {"pkg": "./..."}, 2, "the tests pass")
+        traces[progress] = logged_run(server, router, model, go_test, f"lg-progress-{progress}")
+    outs = [e.progress for e in traces[True].events if e.type == "return" and e.tool == "go_test"]
+    assert [(p.tests_passed, p.tests_failed, p.source) for p in outs if p is not None] == [
+        (1, 2, "go"),
+        (3, 0, "go"),
+    ]
+    assert all(e.progress is None for e in traces[False].events)

@@ -220,24 +220,66 @@ class SameCallModel(ScriptedModel):
         return ModelResponse(output=[item], usage=usage, response_id=None)
 
 
+def logged_run(server: LiveServer, hooks: StopServeHooks, agent: Agent[Any]) -> Any:
+    """One run of ``agent`` (attached to ``hooks``): the trace the service logged."""
+    attached = hooks.attach(agent)
+
+    async def main() -> None:
+        await Runner.run(attached, "fix it", hooks=hooks, max_turns=30, run_config=RUN_CONFIG)
+        await hooks.outcome({"team": 0.0})
+        await hooks.aclose()
+
+    asyncio.run(main())
+    return next(t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == hooks.last_run_id)
+
+
 def test_the_same_failure_at_another_time_is_one_sketch(server: LiveServer) -> None:
     traces = {}
     for sketch in (True, False):
         hooks = StopServeHooks(server.url, safety={"max_turns": 3}, timeout=2.0, sketch=sketch)
-        agent = hooks.attach(Agent(name="coder", tools=[run_tests_again], model=SameCallModel(n=0)))
-
-        async def main(agent: Agent[Any] = agent, hooks: StopServeHooks = hooks) -> None:
-            await Runner.run(agent, "fix it", hooks=hooks, max_turns=30, run_config=RUN_CONFIG)
-            await hooks.outcome({"team": 0.0})
-            await hooks.aclose()
-
-        asyncio.run(main())
-        traces[sketch] = next(
-            t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == hooks.last_run_id
-        )
+        agent = Agent(name="coder", tools=[run_tests_again], model=SameCallModel(n=0))
+        traces[sketch] = logged_run(server, hooks, agent)
     outs = [e for e in traces[True].events if e.type == "return"]
     calls = [e for e in traces[True].events if e.type == "tool_use"]
     assert len(outs) == 3 and len({e.content_ref for e in outs}) == 3  # three different texts
     assert similar(outs[0].sketch, outs[1].sketch) == similar(outs[0].sketch, outs[2].sketch) == 1.0
     assert similar(calls[0].sketch, calls[2].sketch) == 1.0 and similar(calls[0].sketch, outs[0].sketch) < 0.2
     assert all(e.sketch is None for e in traces[False].events)
+
+
+TOOLS = Path(__file__).parents[1] / "signals" / "data" / "tools"  # real tool output (data/README.md)
+_JEST: list[str] = []
+
+
+@function_tool
+def jest(path: str) -> str:
+    """Run jest at path."""
+    return _JEST.pop(0)
+
+
+class JestModel(ScriptedModel):
+    """Calls ``jest`` ``n`` times, then answers in text."""
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        self.calls += 1
+        if self.calls <= self.n:
+            item = function_call("jest", {"path": "."}, call_id=f"jest{self.calls}")
+        else:
+            item = assistant_message("jest passes")
+        usage = Usage(requests=1, input_tokens=10, output_tokens=2, total_tokens=12)
+        return ModelResponse(output=[item], usage=usage, response_id=None)
+
+
+def test_tool_results_carry_progress(server: LiveServer) -> None:
+    traces = {}
+    for progress in (True, False):
+        _JEST[:] = [(TOOLS / "jest-fail.txt").read_text(), (TOOLS / "jest-pass.txt").read_text()]
+        hooks = StopServeHooks(server.url, safety={"max_turns": 50}, timeout=2.0, progress=progress)
+        traces[progress] = logged_run(server, hooks, Agent(name="coder", tools=[jest], model=JestModel(n=2)))
+    outs = [e.progress for e in traces[True].events if e.type == "return" and e.tool == "jest"]
+    assert [(p.tests_passed, p.tests_failed, p.source) for p in outs if p is not None] == [
+        (2, 1, "jest"),
+        (3, 0, "jest"),
+    ]
+    assert outs[0] is not None and outs[0].error is not None  # the failing test, signed
+    assert all(e.progress is None for e in traces[False].events)

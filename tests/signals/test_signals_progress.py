@@ -241,6 +241,16 @@ def test_every_output_validates_as_an_event_progress() -> None:
     assert tuple(Progress.model_fields) == P.FIELDS
 
 
+def test_progress_fields_is_the_event_field_of_extract_or_nothing() -> None:
+    failing = text("tools/pytest-q-fail.txt")
+    found = P.progress_fields(failing, tool="Bash", exit_code=1)
+    assert found == {"progress": extract(failing, tool="Bash", exit_code=1)}
+    assert found["progress"]["exit_code"] == 1 and found["progress"]["tests_failed"] == 3
+    assert P.progress_fields("a.py\nb.py\n") == {}  # no signal: no field, never an empty object
+    assert P.progress_fields({"stdout": failing}) == {}  # not text: not read
+    assert P.progress_fields(None, tool="Write") == {"progress": {"files_changed": 1, "source": "edit_tool"}}
+
+
 def test_the_module_imports_only_the_standard_library() -> None:
     code = (
         "import sys; import stopserve.signals.progress; "

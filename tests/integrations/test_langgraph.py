@@ -43,7 +43,12 @@ def scripted(n: int) -> FakeMessagesListChatModel:
 
 
 def build(
-    router: StopServeRouter, n: int = 20, with_stop_node: bool = False, model: Any = None, tool: Any = None
+    router: StopServeRouter,
+    n: int = 20,
+    with_stop_node: bool = False,
+    model: Any = None,
+    tool: Any = None,
+    nudging: bool = False,
 ) -> Any:
     model = model or scripted(n)
 
@@ -52,7 +57,8 @@ def build(
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
-    builder.add_node("tools", ToolNode([tool or run_tests]))
+    tools = ToolNode([tool or run_tests])
+    builder.add_node("tools", router.nudging(tools) if nudging else tools)
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", router)
     builder.add_edge("tools", "agent")
@@ -271,3 +277,85 @@ def test_tool_results_carry_progress(server: LiveServer) -> None:
         (3, 0, "go"),
     ]
     assert all(e.progress is None for e in traces[False].events)
+
+
+class Stubborn:
+    """A scripted model calling ``run_tests`` on the same path until it has called it ``n`` times,
+    then answering; with ``heeds``, a nudge in its input makes it try another path instead.
+    It keeps every request it received."""
+
+    def __init__(self, n: int = 20, heeds: bool = False) -> None:
+        self.n, self.heeds = n, heeds
+        self.requests: list[list[Any]] = []
+
+    def invoke(self, messages: list[Any]) -> AIMessage:
+        self.requests.append(list(messages))
+        i = len(self.requests)
+        last = messages[-1]
+        if self.heeds and isinstance(last, HumanMessage) and last.name == "stopserve":
+            return AIMessage(content="trying something else", id=f"answer{i}")
+        if i > self.n:
+            return AIMessage(content="done", id=f"answer{i}")
+        call = {"name": "run_tests", "args": {"path": "tests"}, "id": f"same{i}"}
+        return AIMessage(content="", tool_calls=[call], id=f"call{i}")
+
+
+def nudged_graph(router: StopServeRouter, model: Stubborn) -> Any:
+    return build(router, with_stop_node=True, model=model, nudging=True)
+
+
+def nudges_in(request: list[Any]) -> list[str]:
+    return [m.content for m in request if isinstance(m, HumanMessage) and m.name == "stopserve"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_repeated_call_is_nudged_then_stopped(server: LiveServer, mode: str) -> None:
+    """The same call and result six times (the default threshold): the model's next request
+    carries the nudge, once per decision; repeating on, the run stops two repeats later."""
+    router = StopServeRouter(server.url, safety={"max_turns": 50}, timeout=2.0, on_stop="stopserve")
+    model = Stubborn()
+    config = {"configurable": {"thread_id": f"lg-nudge-{mode}"}, "recursion_limit": 60}
+    task = {"messages": [HumanMessage(content="fix it")]}
+    graph = nudged_graph(router, model)
+    state = graph.invoke(task, config) if mode == "sync" else asyncio.run(graph.ainvoke(task, config))
+    d = router.decision(config=config)
+    assert d is not None and d.action == "stop" and d.reason == "loop_detected"
+    assert d.pattern == "repeated_action_observation" and d.turn == 8
+    assert "still repeated after 2 nudges" in (d.message or "")
+    # requests 1-7 carry no nudge; request 8 follows the sixth result, request 9 the seventh
+    assert [len(nudges_in(r)) for r in model.requests] == [0] * 7 + [1, 2]
+    first, second = nudges_in(model.requests[-1])
+    assert first.startswith("you have repeated the same step 6 times in a row")
+    assert first.endswith("repeats 2 more times") and second.endswith("repeats 1 more time")
+    assert model.requests[7][-1].content == first  # right after the tool result: read next
+    assert isinstance(model.requests[7][-2], ToolMessage)
+    assert state["messages"][-1].name == "stopserve" and "loop_detected" in state["messages"][-1].content
+
+
+def test_a_model_that_heeds_the_nudge_is_not_stopped(server: LiveServer) -> None:
+    router = StopServeRouter(server.url, safety={"max_turns": 50}, timeout=2.0, on_stop="stopserve")
+    model = Stubborn(heeds=True)
+    config = {"configurable": {"thread_id": "lg-nudge-heeded"}, "recursion_limit": 60}
+    state = nudged_graph(router, model).invoke({"messages": [HumanMessage(content="fix it")]}, config)
+    assert state["messages"][-1].content == "trying something else"  # its own answer ended the run
+    d = router.decision(config=config)
+    assert d is not None and d.action == "continue" and d.reason is None
+    assert len(model.requests) == 8 and len(nudges_in(model.requests[-1])) == 1
+    router.outcome({"team": 1.0}, config=config)
+    trace = next(
+        t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == "langgraph-lg-nudge-heeded"
+    )
+    # the nudge is stopserve's, not the run's: no event for it
+    assert [e.type for e in trace.events].count("communicate") == 1  # the task
+
+
+def test_nudge_false_delivers_nothing(server: LiveServer) -> None:
+    router = StopServeRouter(
+        server.url, safety={"max_turns": 50}, timeout=2.0, on_stop="stopserve", nudge=False
+    )
+    model = Stubborn(heeds=True)
+    config = {"configurable": {"thread_id": "lg-nudge-off"}, "recursion_limit": 60}
+    nudged_graph(router, model).invoke({"messages": [HumanMessage(content="fix it")]}, config)
+    d = router.decision(config=config)
+    assert d is not None and d.action == "stop" and d.reason == "loop_detected"  # it never heard
+    assert all(not nudges_in(r) for r in model.requests) and len(model.requests) == 9

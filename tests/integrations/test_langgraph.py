@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nudges import assert_nudge_texts, assert_stopped_after_nudges
 from servers import LiveServer
 from sketchkit import similar, traceback_at
 
@@ -318,15 +319,11 @@ def test_a_repeated_call_is_nudged_then_stopped(server: LiveServer, mode: str) -
     task = {"messages": [HumanMessage(content="fix it")]}
     graph = nudged_graph(router, model)
     state = graph.invoke(task, config) if mode == "sync" else asyncio.run(graph.ainvoke(task, config))
-    d = router.decision(config=config)
-    assert d is not None and d.action == "stop" and d.reason == "loop_detected"
-    assert d.pattern == "repeated_action_observation" and d.turn == 8
-    assert "still repeated after 2 nudges" in (d.message or "")
+    assert_stopped_after_nudges(router.decision(config=config))
     # requests 1-7 carry no nudge; request 8 follows the sixth result, request 9 the seventh
     assert [len(nudges_in(r)) for r in model.requests] == [0] * 7 + [1, 2]
     first, second = nudges_in(model.requests[-1])
-    assert first.startswith("you have repeated the same step 6 times in a row")
-    assert first.endswith("repeats 2 more times") and second.endswith("repeats 1 more time")
+    assert_nudge_texts(first, second)
     assert model.requests[7][-1].content == first  # right after the tool result: read next
     assert isinstance(model.requests[7][-2], ToolMessage)
     assert state["messages"][-1].name == "stopserve" and "loop_detected" in state["messages"][-1].content
@@ -356,6 +353,5 @@ def test_nudge_false_delivers_nothing(server: LiveServer) -> None:
     model = Stubborn(heeds=True)
     config = {"configurable": {"thread_id": "lg-nudge-off"}, "recursion_limit": 60}
     nudged_graph(router, model).invoke({"messages": [HumanMessage(content="fix it")]}, config)
-    d = router.decision(config=config)
-    assert d is not None and d.action == "stop" and d.reason == "loop_detected"  # it never heard
+    assert_stopped_after_nudges(router.decision(config=config))  # it never heard
     assert all(not nudges_in(r) for r in model.requests) and len(model.requests) == 9

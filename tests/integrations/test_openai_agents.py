@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nudges import NUDGE_START, assert_each_nudge_sent_once, assert_stopped_after_nudges
 from servers import LiveServer
 from sketchkit import similar, traceback_at
 
@@ -310,7 +311,7 @@ def nudges_in(items: list[Any]) -> list[str]:
     return [
         i["content"]
         for i in items
-        if isinstance(i, dict) and i.get("role") == "user" and "you have repeated" in str(i.get("content"))
+        if isinstance(i, dict) and i.get("role") == "user" and str(i.get("content")).startswith(NUDGE_START)
     ]
 
 
@@ -332,17 +333,13 @@ def test_a_repeated_call_is_nudged_then_stopped(server: LiveServer) -> None:
     carries the nudge, once per decision; repeating on, the run stops two repeats later."""
     model = Stubborn()
     hooks, result = nudged_run(server, model)
-    d = hooks.stop_decision
-    assert d is not None and d.reason == "loop_detected" and d.pattern == "repeated_action_observation"
-    assert d.turn == 8 and "still repeated after 2 nudges" in (d.message or "")
+    assert_stopped_after_nudges(hooks.stop_decision)
     assert result.final_output.startswith("stopserve: stop (loop_detected)")
     assert model.calls == 8
-    # requests 7 and 8 follow the sixth and seventh results; each nudge is sent once
-    assert [len(nudges_in(i)) for i in model.inputs] == [0] * 6 + [1, 1]
-    assert nudges_in(model.inputs[6][-1:]) and nudges_in(model.inputs[7][-1:])  # the last item
-    first, second = nudges_in(model.inputs[6]) + nudges_in(model.inputs[7])
-    assert first.startswith("you have repeated the same step 6 times in a row")
-    assert first.endswith("repeats 2 more times") and second.endswith("repeats 1 more time")
+    # requests 7 and 8 follow the sixth and seventh results
+    assert_each_nudge_sent_once(
+        [nudges_in(r) for r in model.inputs], [nudges_in(r[-1:]) for r in model.inputs]
+    )
 
 
 def test_a_model_that_heeds_the_nudge_is_not_stopped(server: LiveServer) -> None:
@@ -355,7 +352,7 @@ def test_a_model_that_heeds_the_nudge_is_not_stopped(server: LiveServer) -> None
 def test_nudge_false_delivers_nothing(server: LiveServer) -> None:
     model = Stubborn(heeds=True)
     hooks, result = nudged_run(server, model, nudge=False)
-    assert hooks.stop_decision is not None and hooks.stop_decision.reason == "loop_detected"
+    assert_stopped_after_nudges(hooks.stop_decision)
     assert model.calls == 8 and not any(nudges_in(i) for i in model.inputs)
     assert result.final_output.startswith("stopserve: stop (loop_detected)")  # it never heard
 

@@ -5,10 +5,37 @@ from __future__ import annotations
 
 from stopserve.api import DecideResponse
 
-__all__ = ["NUDGE_START", "assert_each_nudge_sent_once", "assert_nudge_texts", "assert_stopped_after_nudges"]
+__all__ = [
+    "NUDGE_START",
+    "Plan",
+    "assert_each_nudge_sent_once",
+    "assert_nudge_texts",
+    "assert_stopped_after_nudges",
+]
 
 #: How every nudge begins (``stopserve.safety.LoopConfig.nudging``).
 NUDGE_START = "you have repeated the same step"
+#: The path a scripted agent runs its tests on again and again.
+SAME_PATH = "tests"
+#: The paths an agent that heeds a nudge tries instead, one each, before it answers.
+OTHER_PATHS = ("src", "lib", "docs")
+
+
+class Plan:
+    """A scripted agent's next step: ``run_tests`` on :data:`SAME_PATH` every time, or, once
+    it heeds a nudge (``heeds``), on each of :data:`OTHER_PATHS`, then an answer."""
+
+    def __init__(self, heeds: bool) -> None:
+        self.heeds = heeds
+        self.other: list[str] | None = None
+
+    def next_path(self, nudged: bool) -> str | None:
+        """The path to run the tests on next (``None``: answer); ``nudged``: the request ends with a nudge."""
+        if self.heeds and nudged and self.other is None:
+            self.other = list(OTHER_PATHS)
+        if self.other is None:
+            return SAME_PATH
+        return self.other.pop(0) if self.other else None
 
 
 def assert_stopped_after_nudges(d: DecideResponse | None) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from nudges import NUDGE_START, assert_each_nudge_sent_once, assert_stopped_after_nudges
+from nudges import NUDGE_START, Plan, assert_each_nudge_sent_once, assert_stopped_after_nudges
 from servers import LiveServer
 from sketchkit import similar, traceback_at
 
@@ -314,21 +315,21 @@ def test_tool_and_code_results_carry_progress(server: LiveServer) -> None:
 
 
 class Stubborn(ReplayChatCompletionClient):
-    """Calls ``run_tests`` on the same broken path every turn; with ``heeds``, a nudge as the
-    request's last message makes it answer instead. It keeps every request it received."""
+    """Calls ``run_tests`` as its :class:`~nudges.Plan` says, then answers ``done``; it keeps
+    every request it received."""
 
     def __init__(self, heeds: bool = False) -> None:
-        super().__init__(calls_to("run_tests", '{"path": "broken"}', 30), model_info=MODEL_INFO)
-        self.heeds = heeds
+        super().__init__([], model_info=MODEL_INFO)
+        self.plan = Plan(heeds)
         self.requests: list[list[LLMMessage]] = []
 
     async def create(self, messages: Any, **kwargs: Any) -> CreateResult:
         self.requests.append(list(messages))
-        if self.heeds and nudges_in(self.requests[-1][-1:]):
-            return CreateResult(
-                finish_reason="stop", content="trying something else", usage=USAGE, cached=False
-            )
-        return await super().create(messages, **kwargs)
+        path = self.plan.next_path(bool(nudges_in(self.requests[-1][-1:])))
+        if path is None:
+            return CreateResult(finish_reason="stop", content="done", usage=USAGE, cached=False)
+        (call,) = calls_to("run_tests", json.dumps({"path": path}), 1)
+        return call
 
 
 USAGE = RequestUsage(prompt_tokens=10, completion_tokens=2)
@@ -341,7 +342,7 @@ def nudges_in(messages: list[LLMMessage]) -> list[str]:
 def nudged_run(server: LiveServer, model: Stubborn, **kwargs: Any) -> tuple[StopServeTermination, TaskResult]:
     stop = StopServeTermination(server.url, safety={"max_turns": 50}, timeout=2.0, **kwargs)
     coder = AssistantAgent("coder", model_client=stop.nudging(model), tools=[run_tests])
-    ends = stop | TextMentionTermination("trying something else") | MaxMessageTermination(100)
+    ends = stop | TextMentionTermination("done", sources=["coder"]) | MaxMessageTermination(100)
 
     async def main() -> TaskResult:
         result = await RoundRobinGroupChat([coder], termination_condition=ends).run(task="fix it")
@@ -369,8 +370,9 @@ def test_a_repeated_call_is_nudged_then_stopped(server: LiveServer) -> None:
 def test_a_model_that_heeds_the_nudge_is_not_stopped(server: LiveServer) -> None:
     model = Stubborn(heeds=True)
     stop, result = nudged_run(server, model)
-    assert result.stop_reason is not None and "trying something else" in result.stop_reason
-    assert not stop.terminated and len(model.requests) == 7
+    assert result.stop_reason is not None and "'done' mentioned" in result.stop_reason
+    assert not stop.terminated and len(model.requests) == 10  # three other paths, then its answer
+    assert [len(nudges_in(r)) for r in model.requests] == [0] * 6 + [1, 0, 0, 0]
     assert stop.last_decision is not None and stop.last_decision.action == "continue"
 
 

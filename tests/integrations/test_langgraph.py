@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nudges import assert_nudge_texts, assert_stopped_after_nudges
+from nudges import Plan, assert_nudge_texts, assert_stopped_after_nudges
 from servers import LiveServer
 from sketchkit import similar, traceback_at
 
@@ -281,23 +281,20 @@ def test_tool_results_carry_progress(server: LiveServer) -> None:
 
 
 class Stubborn:
-    """A scripted model calling ``run_tests`` on the same path until it has called it ``n`` times,
-    then answering; with ``heeds``, a nudge in its input makes it try another path instead.
-    It keeps every request it received."""
+    """A scripted model that calls ``run_tests`` as its :class:`~nudges.Plan` says, then answers
+    ``done``; it keeps every request it received."""
 
-    def __init__(self, n: int = 20, heeds: bool = False) -> None:
-        self.n, self.heeds = n, heeds
+    def __init__(self, heeds: bool = False) -> None:
+        self.plan = Plan(heeds)
         self.requests: list[list[Any]] = []
 
     def invoke(self, messages: list[Any]) -> AIMessage:
         self.requests.append(list(messages))
         i = len(self.requests)
-        last = messages[-1]
-        if self.heeds and isinstance(last, HumanMessage) and last.name == "stopserve":
-            return AIMessage(content="trying something else", id=f"answer{i}")
-        if i > self.n:
+        path = self.plan.next_path(bool(nudges_in(messages[-1:])))
+        if path is None:
             return AIMessage(content="done", id=f"answer{i}")
-        call = {"name": "run_tests", "args": {"path": "tests"}, "id": f"same{i}"}
+        call = {"name": "run_tests", "args": {"path": path}, "id": f"call{i}"}
         return AIMessage(content="", tool_calls=[call], id=f"call{i}")
 
 
@@ -334,10 +331,12 @@ def test_a_model_that_heeds_the_nudge_is_not_stopped(server: LiveServer) -> None
     model = Stubborn(heeds=True)
     config = {"configurable": {"thread_id": "lg-nudge-heeded"}, "recursion_limit": 60}
     state = nudged_graph(router, model).invoke({"messages": [HumanMessage(content="fix it")]}, config)
-    assert state["messages"][-1].content == "trying something else"  # its own answer ended the run
+    assert state["messages"][-1].content == "done"  # its own answer ended the run
     d = router.decision(config=config)
-    assert d is not None and d.action == "continue" and d.reason is None
-    assert len(model.requests) == 8 and len(nudges_in(model.requests[-1])) == 1
+    assert d is not None and d.action == "continue" and d.reason is None and d.turn == 11
+    # the nudge after the sixth result turned it (request 8); the one after the seventh came
+    # with the first other path's result; none after
+    assert len(model.requests) == 11 and len(nudges_in(model.requests[-1])) == 2
     router.outcome({"team": 1.0}, config=config)
     trace = next(
         t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == "langgraph-lg-nudge-heeded"

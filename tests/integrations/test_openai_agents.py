@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nudges import NUDGE_START, assert_each_nudge_sent_once, assert_stopped_after_nudges
+from nudges import NUDGE_START, Plan, assert_each_nudge_sent_once, assert_stopped_after_nudges
 from servers import LiveServer
 from sketchkit import similar, traceback_at
 
@@ -287,22 +287,23 @@ def test_tool_results_carry_progress(server: LiveServer) -> None:
 
 
 class Stubborn(ScriptedModel):
-    """Calls ``run_tests`` on the same path every time; with ``heeds``, a nudge as its last
-    input makes it answer instead. It keeps the input of every request."""
+    """Calls ``run_tests`` as its :class:`~nudges.Plan` says, then answers ``done``; it keeps
+    the input of every request."""
 
     def __init__(self, heeds: bool = False) -> None:
         super().__init__(n=0)
-        self.heeds = heeds
+        self.plan = Plan(heeds)
         self.inputs: list[list[Any]] = []
 
     async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
         self.calls += 1
         items = kwargs["input"]
         self.inputs.append(list(items) if isinstance(items, list) else [items])
-        if self.heeds and nudges_in(self.inputs[-1][-1:]):
-            item = assistant_message("trying something else")
+        path = self.plan.next_path(bool(nudges_in(self.inputs[-1][-1:])))
+        if path is None:
+            item = assistant_message("done")
         else:
-            item = function_call("run_tests", {"path": "tests"}, call_id=f"same{self.calls}")
+            item = function_call("run_tests", {"path": path}, call_id=f"call{self.calls}")
         usage = Usage(requests=1, input_tokens=10, output_tokens=2, total_tokens=12)
         return ModelResponse(output=[item], usage=usage, response_id=None)
 
@@ -345,8 +346,9 @@ def test_a_repeated_call_is_nudged_then_stopped(server: LiveServer) -> None:
 def test_a_model_that_heeds_the_nudge_is_not_stopped(server: LiveServer) -> None:
     model = Stubborn(heeds=True)
     hooks, result = nudged_run(server, model)
-    assert result.final_output == "trying something else"
-    assert hooks.stop_decision is None and model.calls == 7
+    assert result.final_output == "done"  # its own answer, after three other paths
+    assert hooks.stop_decision is None and model.calls == 10
+    assert [len(nudges_in(i)) for i in model.inputs] == [0] * 6 + [1, 0, 0, 0]
 
 
 def test_nudge_false_delivers_nothing(server: LiveServer) -> None:

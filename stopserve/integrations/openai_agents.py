@@ -25,11 +25,11 @@ is already the final output. Keep ``max_turns`` above the stopserve budget as
 the outer safety net.
 
 **The nudge.** A loop at its threshold is not stopped at once: for a few more repeats
-the service goes on with a ``nudge``, words for the agent (docs/safety.md). A hook
-cannot change what the model is sent; the SDK's ``RunConfig.call_model_input_filter``
-can, and :meth:`StopServeHooks.run_config` sets it: the model call after a decision that
-nudged gets the nudge as a last user message, once (the conversation itself is left as
-it is)::
+the service goes on with a ``nudge``, words for the agent (docs/safety.md). No hook may
+change what the model is sent (``on_llm_start`` is only shown it); the SDK's
+``RunConfig.call_model_input_filter`` is made for it, and :meth:`StopServeHooks.run_config`
+sets it: the model call after a decision that nudged gets the nudge as a last user
+message, once (the conversation itself is left as it is)::
 
     result = await Runner.run(agent, task, hooks=hooks, run_config=hooks.run_config())
 

@@ -19,6 +19,7 @@ from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
+from stopserve.api import DecideResponse
 from stopserve.integrations._common import RunClock
 from stopserve.integrations.langgraph import StopServeRouter, events_from_messages
 from stopserve.trace import read_traces
@@ -354,3 +355,43 @@ def test_nudge_false_delivers_nothing(server: LiveServer) -> None:
     nudged_graph(router, model).invoke({"messages": [HumanMessage(content="fix it")]}, config)
     assert_stopped_after_nudges(router.decision(config=config))  # it never heard
     assert all(not nudges_in(r) for r in model.requests) and len(model.requests) == 9
+
+
+class Nudges:
+    """A client whose every answer is continue, with a nudge."""
+
+    def decide(self, run_id: str, events: Any, **kwargs: Any) -> DecideResponse:
+        return DecideResponse(
+            run_id=run_id, action="continue", turn=1, finalize=False, propensity=1.0, nudge="try another path"
+        )
+
+
+def test_nudging_wraps_a_function_node_and_a_list_state() -> None:
+    router = StopServeRouter(client=Nudges())  # type: ignore[arg-type]
+    call = {"name": "run_tests", "args": {}, "id": "c"}
+    messages = [
+        HumanMessage(content="go", id="h"),
+        AIMessage(content="", tool_calls=[call], id="a"),
+        ToolMessage(content="1 failed", tool_call_id="c", id="t"),
+        AIMessage(content="", tool_calls=[call], id="b"),
+    ]
+    config = {"configurable": {"thread_id": "fn"}}
+
+    def reply(state: Any) -> dict[str, Any]:
+        return {"messages": [AIMessage(content="my turn", id="r")]}
+
+    node = router.nudging(reply)
+    assert node.invoke({"messages": messages}, config) == {"messages": [AIMessage(content="my turn", id="r")]}
+    router({"messages": messages}, config)  # a decision at the tool result: it nudges
+    out = node.invoke({"messages": messages}, config)["messages"]
+    assert [(type(m), m.content, m.name) for m in out] == [
+        (AIMessage, "my turn", None),
+        (HumanMessage, "try another path", "stopserve"),
+    ]
+    assert len(node.invoke({"messages": messages}, config)["messages"]) == 1  # once per decision
+    router(messages, {"configurable": {"thread_id": "list"}})  # a graph whose state is the list
+    listed = router.nudging(lambda state: [AIMessage(content="x", id="x")])
+    assert [m.content for m in listed.invoke(messages, {"configurable": {"thread_id": "list"}})] == [
+        "x",
+        "try another path",
+    ]

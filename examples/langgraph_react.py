@@ -47,7 +47,7 @@ def call_model(state: MessagesState) -> dict[str, Any]:
 def main() -> None:
     router = StopServeRouter(URL, on_stop="stopserve")  # replaces tools_condition
     builder = StateGraph(MessagesState)
-    builder.add_node("agent", call_model); builder.add_node("tools", ToolNode(tools))  # fmt: skip
+    builder.add_node("agent", call_model); builder.add_node("tools", router.nudging(ToolNode(tools)))  # fmt: skip
     builder.add_node("stopserve", router.stop_node); builder.add_edge("stopserve", END)  # fmt: skip
     builder.add_edge(START, "agent"); builder.add_conditional_edges("agent", router); builder.add_edge("tools", "agent")  # fmt: skip
     config = {"configurable": {"thread_id": "run-42"}, "recursion_limit": 2 * 40 + 5}

@@ -59,7 +59,8 @@ model = ScriptedModel()
 async def main() -> None:
     hooks = StopServeHooks(URL, budget={"max_tokens": 500_000})
     agent = hooks.attach(Agent(name="coder", instructions="...", tools=[run_tests, edit_file], model=model))
-    result = await Runner.run(agent, "Fix the failing test", hooks=hooks, max_turns=60)
+    config = hooks.run_config()  # the loop detector's nudges reach the model
+    result = await Runner.run(agent, "Fix the failing test", hooks=hooks, max_turns=60, run_config=config)
     print(result.final_output)  # on a stop: "stopserve: stop (...)" and the last tool output
     await hooks.outcome({"team": 1.0})
     await hooks.aclose()

@@ -27,6 +27,17 @@ are skipped. ``replies_as_turns=False`` maps replies to ``communicate`` and
 handoffs to a bare ``delegate``: then only tool and code results are turns (the
 mapping of earlier stopserve releases).
 
+The nudge: a loop at its threshold is not stopped at once; for a few more repeats the
+service goes on with a ``nudge``, words for the agent (docs/safety.md). A termination
+condition cannot add a message, but a model client can add one to the next request:
+give the repeating agent its model client through :meth:`StopServeTermination.nudging`
+and the model call after a decision that nudged gets the nudge as a last
+``UserMessage`` (source ``stopserve``), once; the team's messages stay as they are::
+
+    coder = AssistantAgent("coder", model_client=stop.nudging(client), tools=[...])
+
+``nudge=False`` (also in the component config): nothing is added.
+
 Magentic-One: its orchestrator asks its model for a *progress ledger* every round
 (``is_progress_being_made``, ``is_in_loop``) and shows it to no one but its trace log.
 Give the orchestrator its model client through :meth:`StopServeTermination.read_ledger`
@@ -79,13 +90,21 @@ try:
         ToolCallSummaryMessage,
     )
     from autogen_core import CancellationToken, Component
-    from autogen_core.models import ChatCompletionClient, CreateResult, LLMMessage, ModelInfo, RequestUsage
+    from autogen_core.models import (
+        ChatCompletionClient,
+        CreateResult,
+        LLMMessage,
+        ModelInfo,
+        RequestUsage,
+        UserMessage,
+    )
     from autogen_core.tools import Tool, ToolSchema
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("stopserve.integrations.autogen", "autogen-agentchat", exc) from exc
 
 __all__ = [
     "LedgerReader",
+    "NudgingClient",
     "StopServeTermination",
     "StopServeTerminationConfig",
     "events_from_messages",
@@ -93,6 +112,8 @@ __all__ = [
 ]
 
 SOURCE = "StopServeTermination"
+#: The source of the message a :class:`NudgingClient` adds to a model request.
+NUDGE_SOURCE: Final = "stopserve"
 #: The agent name of the events that carry an orchestrator's progress ledger.
 ORCHESTRATOR: Final = "MagenticOneOrchestrator"
 
@@ -113,6 +134,7 @@ class StopServeTerminationConfig(BaseModel):
     replies_as_turns: bool = True
     sketch: bool = True
     progress: bool = True
+    nudge: bool = True
 
 
 def _tokens(message: BaseAgentEvent | BaseChatMessage) -> int | None:
@@ -218,33 +240,19 @@ def events_from_messages(
     return [Event.model_validate(e) for e in out]
 
 
-class LedgerReader(ChatCompletionClient):
-    """A Magentic-One orchestrator's model client that asks stopserve at each progress ledger.
-
-    Every call goes to the wrapped client. An answer that holds a progress ledger
-    (:func:`stopserve.signals.progress.ledger_text`) is an orchestrator's step: its verdict
-    (``made_progress`` / ``in_loop``, never the text) goes to the service as the
-    orchestrator's ``aggregate`` event, and when the service says stop, the orchestrator is
-    answered that the request is satisfied, with stopserve's reason: Magentic-One then
-    writes its final answer from what the team has (stopserve's *finalize*) and ends the
-    run with that reason, instead of another round or another re-plan. Made by
-    :meth:`StopServeTermination.read_ledger`.
-    """
+class _Wrapper(ChatCompletionClient):
+    """A model client that hands every call to ``client``, the request through
+    :meth:`_request` and the answer through :meth:`_read`."""
 
     def __init__(self, client: ChatCompletionClient, termination: StopServeTermination) -> None:
         self.client = client
         self._termination = termination
 
+    def _request(self, messages: Sequence[LLMMessage]) -> Sequence[LLMMessage]:
+        return messages
+
     async def _read(self, result: CreateResult) -> CreateResult:
-        if not isinstance(result.content, str):
-            return result
-        verdict = ledger_text(result.content)
-        if verdict is None:
-            return result
-        decision = await self._termination.ledger_turn(verdict)
-        if decision is None or decision.action != "stop":
-            return result
-        return result.model_copy(update={"content": _satisfied(stop_text(decision))})
+        return result
 
     async def create(
         self,
@@ -256,9 +264,9 @@ class LedgerReader(ChatCompletionClient):
         extra_create_args: Mapping[str, Any] | None = None,
         cancellation_token: CancellationToken | None = None,
     ) -> CreateResult:
-        """The wrapped client's answer (a ledger in it is read)."""
+        """The wrapped client's answer (to the request as this wrapper makes it)."""
         result = await self.client.create(
-            messages,
+            self._request(messages),
             tools=tools,
             tool_choice=tool_choice,
             json_output=json_output,
@@ -277,9 +285,9 @@ class LedgerReader(ChatCompletionClient):
         extra_create_args: Mapping[str, Any] | None = None,
         cancellation_token: CancellationToken | None = None,
     ) -> AsyncGenerator[str | CreateResult, None]:
-        """The wrapped client's stream (its final result is read)."""
+        """The wrapped client's stream (to the request as this wrapper makes it)."""
         async for chunk in self.client.create_stream(
-            messages,
+            self._request(messages),
             tools=tools,
             tool_choice=tool_choice,
             json_output=json_output,
@@ -319,6 +327,45 @@ class LedgerReader(ChatCompletionClient):
     def model_info(self) -> ModelInfo:
         """The wrapped client's."""
         return self.client.model_info
+
+
+class LedgerReader(_Wrapper):
+    """A Magentic-One orchestrator's model client that asks stopserve at each progress ledger.
+
+    Every call goes to the wrapped client. An answer that holds a progress ledger
+    (:func:`stopserve.signals.progress.ledger_text`) is an orchestrator's step: its verdict
+    (``made_progress`` / ``in_loop``, never the text) goes to the service as the
+    orchestrator's ``aggregate`` event, and when the service says stop, the orchestrator is
+    answered that the request is satisfied, with stopserve's reason: Magentic-One then
+    writes its final answer from what the team has (stopserve's *finalize*) and ends the
+    run with that reason, instead of another round or another re-plan. Made by
+    :meth:`StopServeTermination.read_ledger`.
+    """
+
+    async def _read(self, result: CreateResult) -> CreateResult:
+        if not isinstance(result.content, str):
+            return result
+        verdict = ledger_text(result.content)
+        if verdict is None:
+            return result
+        decision = await self._termination.ledger_turn(verdict)
+        if decision is None or decision.action != "stop":
+            return result
+        return result.model_copy(update={"content": _satisfied(stop_text(decision))})
+
+
+class NudgingClient(_Wrapper):
+    """An agent's model client that hands it stopserve's nudges: the request after a decision
+    that nudged ends with the nudge as a ``UserMessage`` (source ``stopserve``), once.
+
+    Every call goes to the wrapped client. Made by :meth:`StopServeTermination.nudging`.
+    """
+
+    def _request(self, messages: Sequence[LLMMessage]) -> Sequence[LLMMessage]:
+        text = self._termination.take_nudge()
+        if text is None:
+            return messages
+        return [*messages, UserMessage(content=text, source=NUDGE_SOURCE)]
 
 
 def _satisfied(reason: str) -> str:
@@ -368,6 +415,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         replies_as_turns: bool = True,
         sketch: bool = True,
         progress: bool = True,
+        nudge: bool = True,
     ) -> None:
         if objective is not None and not isinstance(objective, Objective):
             objective = Objective.from_dict(objective)
@@ -384,6 +432,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
             replies_as_turns=replies_as_turns,
             sketch=sketch,
             progress=progress,
+            nudge=nudge,
         )
         self.client = integration_client(
             AsyncStopClient,
@@ -401,6 +450,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         self.last_run_id: str | None = None
         self.last_decision: DecideResponse | None = None
         self._n_ledgers = 0  # progress ledgers read in this run (LedgerReader)
+        self._nudge: str | None = None  # the latest decision's nudge, until a NudgingClient takes it
 
     @property
     def terminated(self) -> bool:
@@ -430,7 +480,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         decision = await self.client.decide(
             run_id, ready, task_id=self._config.task_id, system=self._config.system
         )
-        self.last_decision = decision
+        self._decided(decision)
         if decision.action != "stop":
             return None
         self._terminated = True
@@ -444,8 +494,26 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
             self._outbox = Outbox()
             self.last_decision = None
             self._n_ledgers = 0
+            self._nudge = None
         self.last_run_id = self._run_id
         return self._run_id
+
+    def _decided(self, decision: DecideResponse) -> None:
+        self.last_decision = decision
+        keep = self._config.nudge and decision.action == "continue"
+        self._nudge = decision.nudge if keep else None
+
+    def take_nudge(self) -> str | None:
+        """The latest decision's nudge, once (``None`` after it was taken, or with ``nudge=False``)."""
+        text, self._nudge = self._nudge, None
+        return text
+
+    def nudging(self, client: ChatCompletionClient) -> NudgingClient:
+        """``client`` for an agent: the request after a decision that nudged ends with the nudge.
+
+        >>> coder = AssistantAgent("coder", model_client=stop.nudging(client), tools=tools)  # doctest: +SKIP
+        """
+        return NudgingClient(client, self)
 
     async def reset(self) -> None:
         """Ready for a new run (the team calls this right after any stop)."""
@@ -483,7 +551,7 @@ class StopServeTermination(TerminationCondition, Component[StopServeTerminationC
         decision = await self.client.decide(
             run_id, ready, task_id=self._config.task_id, system=self._config.system
         )
-        self.last_decision = decision
+        self._decided(decision)
         if decision.action == "stop":
             self._terminated = True  # the orchestrator finishes (it resets this condition as it does)
         return decision

@@ -15,6 +15,19 @@ When the service says continue the router defers to ``then`` (default:
 ``AIMessage`` named ``stopserve`` whose text gives the reason and whose
 ``response_metadata["stopserve"]`` holds the whole decision.
 
+**The nudge.** A loop at its threshold is not stopped at once: for a few more repeats
+the service goes on with a ``nudge``, words for the agent (docs/safety.md). Wrap the
+node that runs right after the router in :meth:`StopServeRouter.nudging` (in a ReAct
+graph the tool node) and the nudge reaches the model on its next call: the node's
+update gets a ``HumanMessage`` named ``stopserve`` after its own messages, once per
+decision::
+
+    builder.add_node("tools", router.nudging(ToolNode(tools)))
+
+An agent that heeds it and moves on is not stopped; one that repeats on is stopped
+two repeats later (``loop_detected``). ``nudge=False``: nothing is added. Messages
+named ``stopserve`` are stopserve's own and are not mapped to events.
+
 **recursion_limit is the outer safety net.** stopserve's own nets (turns,
 time, tokens, money, loops) stop a run cleanly; LangGraph's ``recursion_limit``
 (default 25 super-steps) raises ``GraphRecursionError`` instead. Set it above
@@ -33,9 +46,9 @@ detector's ``repeated_reply`` sees an agent repeating itself); ``ToolMessage`` -
 :func:`stopserve.signals.progress.extract`'s test counts, exit code, error signature,
 files changed; ``progress=False``: none); ``HumanMessage`` and other
 messages -> ``communicate`` (role ``human`` for a human); ``usage_metadata`` ->
-``tokens``. System messages are skipped. ``replies_as_turns=False`` maps a reply
-without calls to ``communicate`` (only tool results are turns, as in earlier
-stopserve releases).
+``tokens``. System messages and stopserve's own (named ``stopserve``) are skipped.
+``replies_as_turns=False`` maps a reply without calls to ``communicate`` (only tool
+results are turns, as in earlier stopserve releases).
 
 The router asks the service only at a decision point, with the events up to the
 last one: in a ReAct graph it runs after the model already asked for the next tool,
@@ -72,13 +85,16 @@ from stopserve.trace import Event, Stop, Topology
 
 try:
     from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
-    from langchain_core.runnables import RunnableConfig
+    from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
     from langgraph.graph import END
     from langgraph.prebuilt import tools_condition
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("stopserve.integrations.langgraph", "langgraph and langchain-core", exc) from exc
 
 __all__ = ["StopServeRouter", "events_from_messages"]
+
+#: The name of the messages stopserve adds to a graph's state (a nudge, a stop's reason).
+NAME = "stopserve"
 
 
 @dataclass(slots=True)
@@ -87,6 +103,7 @@ class _Track:
     seen: set[str] = field(default_factory=set)
     outbox: Outbox = field(default_factory=Outbox)
     decision: DecideResponse | None = None
+    nudge: str | None = None  # the latest decision's nudge, until a wrapped node delivers it
 
 
 def _messages(state: Any, key: str) -> Sequence[Any]:
@@ -149,8 +166,8 @@ def events_from_messages(
     out: list[Event] = []
     for index, message in enumerate(messages):
         mid = _message_id(message, index)
-        if mid in seen or not isinstance(message, BaseMessage):
-            continue
+        if mid in seen or not isinstance(message, BaseMessage) or message.name == NAME:
+            continue  # stopserve's own messages (a nudge) are not the run's
         seen.add(mid)
         t = clock.now()
         items: list[dict[str, Any]] = []
@@ -248,6 +265,7 @@ class StopServeRouter:
         replies_as_turns: bool = True,
         sketch: bool = True,
         progress: bool = True,
+        nudge: bool = True,
         client: StopClient | None = None,
     ) -> None:
         self.then = then if then is not None else tools_condition
@@ -261,6 +279,8 @@ class StopServeRouter:
         self.sketch = sketch
         #: whether tool results carry what their text shows about progress
         self.progress = progress
+        #: whether :meth:`nudging` nodes hand a decision's nudge to the model
+        self.nudge = nudge
         self.client = client or integration_client(
             StopClient,
             url,
@@ -315,6 +335,7 @@ class StopServeRouter:
             return self.then(state)  # no decision point yet (the task, a first model call)
         decision = self.client.decide(run_id, ready, task_id=self.task_id, system=self.system)
         track.decision = decision
+        track.nudge = decision.nudge if self.nudge and decision.action == "continue" else None
         if decision.action != "stop":
             return self.then(state)
         following = self.then(state)
@@ -332,8 +353,46 @@ class StopServeRouter:
         decision = self.decision(state, config)
         data = decision.model_dump() if decision is not None else {}
         text = stop_text(decision) if decision is not None else "stopserve: stop (unknown)"
-        message = AIMessage(content=text, name="stopserve", response_metadata={"stopserve": data})
+        message = AIMessage(content=text, name=NAME, response_metadata={"stopserve": data})
         return {self.messages_key: [message]}
+
+    def nudging(self, node: Any) -> Runnable[Any, Any]:
+        """``node`` (a runnable such as ``ToolNode``, or a function of the state) that also delivers nudges.
+
+        When the run's latest decision went on with a ``nudge``, the node's update gets a
+        ``HumanMessage`` named ``stopserve`` with it after the node's own messages (after a
+        tool's result, so the model reads it on its next call), once per decision. Wrap the
+        node the router routes to::
+
+            builder.add_node("tools", router.nudging(ToolNode(tools)))
+        """
+        inner: Runnable[Any, Any] = node if isinstance(node, Runnable) else RunnableLambda(node)
+
+        def run(state: Any, config: RunnableConfig) -> Any:
+            return self._nudged(state, config, inner.invoke(state, config))
+
+        async def arun(state: Any, config: RunnableConfig) -> Any:
+            return self._nudged(state, config, await inner.ainvoke(state, config))
+
+        return RunnableLambda(run, afunc=arun, name=getattr(inner, "name", None) or "stopserve_nudging")
+
+    def _nudged(self, state: Any, config: RunnableConfig, update: Any) -> Any:
+        """``update`` with the run's pending nudge after its messages (the nudge is then delivered)."""
+        with self._lock:
+            track = self._runs.get(self.run_id(state, config))
+            text = track.nudge if track is not None else None
+            if text is None or track is None:
+                return update
+            message = HumanMessage(content=text, name=NAME)
+            new: Any
+            if isinstance(update, Mapping):
+                new = {**update, self.messages_key: [*update.get(self.messages_key, ()), message]}
+            elif isinstance(update, list):
+                new = [*update, message]  # a graph whose state is the message list
+            else:
+                return update  # a Command or another form: the nudge waits for the next node
+            track.nudge = None
+            return new
 
     def outcome(
         self,

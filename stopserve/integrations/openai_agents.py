@@ -24,6 +24,17 @@ calls ran (one tool step, no further model call); a response without tool calls
 is already the final output. Keep ``max_turns`` above the stopserve budget as
 the outer safety net.
 
+**The nudge.** A loop at its threshold is not stopped at once: for a few more repeats
+the service goes on with a ``nudge``, words for the agent (docs/safety.md). No hook may
+change what the model is sent (``on_llm_start`` is only shown it); the SDK's
+``RunConfig.call_model_input_filter`` is made for it, and :meth:`StopServeHooks.run_config`
+sets it: the model call after a decision that nudged gets the nudge as a last user
+message, once (the conversation itself is left as it is)::
+
+    result = await Runner.run(agent, task, hooks=hooks, run_config=hooks.run_config())
+
+``nudge=False``: nothing is added.
+
 The final output on a stop is ``final_output(decision, tool_results)`` when given
 (use it for typed ``output_type`` agents), else a text with the stop reason and
 the last tool output.
@@ -51,6 +62,7 @@ bare ``delegate`` (only tool results are turns, as in earlier stopserve releases
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -72,9 +84,10 @@ from stopserve.signals.progress import progress_fields
 from stopserve.trace import Event, Stop, Topology
 
 try:
-    from agents import Agent, Handoff, RunContextWrapper, RunHooks, Tool, handoff
+    from agents import Agent, Handoff, RunConfig, RunContextWrapper, RunHooks, Tool, handoff
     from agents.agent import ToolsToFinalOutputResult
     from agents.items import ModelResponse
+    from agents.run_config import CallModelData, ModelInputData
     from agents.tool import FunctionToolResult
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise missing_extra("stopserve.integrations.openai_agents", "openai-agents", exc) from exc
@@ -138,6 +151,7 @@ class StopServeHooks(RunHooks[Any]):
         replies_as_turns: bool = True,
         sketch: bool = True,
         progress: bool = True,
+        nudge: bool = True,
         client: AsyncStopClient | None = None,
     ) -> None:
         self.client = client or integration_client(
@@ -154,6 +168,9 @@ class StopServeHooks(RunHooks[Any]):
         self.sketch = sketch
         #: whether tool results carry what their text shows about progress
         self.progress = progress
+        #: whether :meth:`run_config`'s filter hands a decision's nudge to the model
+        self.nudge = nudge
+        self._nudge: str | None = None  # the latest decision's nudge, until a model call is sent it
         self.final_output = final_output or _default_final
         self.task_id = task_id
         self.system = system
@@ -182,6 +199,7 @@ class StopServeHooks(RunHooks[Any]):
             self._n = 0
             self.stop_decision = None
             self.last_decision = None
+            self._nudge = None
             self.last_run_id = self._run_id
         return self._run_id
 
@@ -198,6 +216,7 @@ class StopServeHooks(RunHooks[Any]):
             return None  # tool calls only: the service is asked at their results
         decision = await self.client.decide(run_id, ready, task_id=self.task_id, system=self.system)
         self.last_decision = decision
+        self._nudge = decision.nudge if self.nudge and decision.action == "continue" else None
         if decision.action == "stop" and self.stop_decision is None:
             self.stop_decision = decision
         return decision
@@ -288,6 +307,36 @@ class StopServeHooks(RunHooks[Any]):
                 handoffs.append(target)
         clone.handoffs = handoffs
         return clone
+
+    def run_config(self, config: RunConfig | None = None) -> RunConfig:
+        """``config`` (or a new ``RunConfig``) whose model input filter hands on the nudges.
+
+        Its ``call_model_input_filter`` is :meth:`nudge_input`, after the one ``config``
+        already has.
+        """
+        config = config if config is not None else RunConfig()
+        before = config.call_model_input_filter
+
+        async def filter_input(data: CallModelData[Any]) -> ModelInputData:
+            if before is not None:
+                out = before(data)
+                data = dataclasses.replace(data, model_data=await out if inspect.isawaitable(out) else out)
+            return self.nudge_input(data)
+
+        return dataclasses.replace(config, call_model_input_filter=filter_input)
+
+    def nudge_input(self, data: CallModelData[Any]) -> ModelInputData:
+        """A ``call_model_input_filter``: the model input, with the pending nudge as a last user message.
+
+        Once per decision: the nudge goes to the first model call after it.
+        """
+        text, self._nudge = self._nudge, None
+        model = data.model_data
+        if text is None:
+            return model
+        return ModelInputData(
+            input=[*model.input, {"role": "user", "content": text}], instructions=model.instructions
+        )
 
     def _handoffs_enabled(self, context: RunContextWrapper[Any], agent: Any) -> bool:
         return self.stop_decision is None

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from nudges import NUDGE_START, Plan, assert_each_nudge_sent_once, assert_stopped_after_nudges
 from servers import LiveServer
 from sketchkit import similar, traceback_at
 
@@ -14,7 +16,7 @@ pytest.importorskip("autogen_agentchat")
 
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.base import TaskResult, TerminationCondition
-from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
 from autogen_agentchat.messages import (
     CodeExecutionEvent,
     HandoffMessage,
@@ -26,7 +28,15 @@ from autogen_agentchat.messages import (
 from autogen_agentchat.teams import RoundRobinGroupChat
 from autogen_core import FunctionCall
 from autogen_core.code_executor import CodeResult
-from autogen_core.models import CreateResult, FunctionExecutionResult, ModelFamily, ModelInfo, RequestUsage
+from autogen_core.models import (
+    CreateResult,
+    FunctionExecutionResult,
+    LLMMessage,
+    ModelFamily,
+    ModelInfo,
+    RequestUsage,
+    UserMessage,
+)
 from autogen_ext.models.replay import ReplayChatCompletionClient
 
 from stopserve.integrations._common import RunClock
@@ -302,3 +312,74 @@ def test_tool_and_code_results_carry_progress(server: LiveServer) -> None:
     (event,) = events_from_messages([ran], RunClock())
     assert event.progress is not None and (event.progress.exit_code, event.progress.source) == (1, "unittest")
     assert (event.progress.tests_passed, event.progress.tests_failed) == (1, 2)
+
+
+class Stubborn(ReplayChatCompletionClient):
+    """Calls ``run_tests`` as its :class:`~nudges.Plan` says, then answers ``done``; it keeps
+    every request it received."""
+
+    def __init__(self, heeds: bool = False) -> None:
+        super().__init__([], model_info=MODEL_INFO)
+        self.plan = Plan(heeds)
+        self.requests: list[list[LLMMessage]] = []
+
+    async def create(self, messages: Any, **kwargs: Any) -> CreateResult:
+        self.requests.append(list(messages))
+        path = self.plan.next_path(bool(nudges_in(self.requests[-1][-1:])))
+        if path is None:
+            return CreateResult(finish_reason="stop", content="done", usage=USAGE, cached=False)
+        (call,) = calls_to("run_tests", json.dumps({"path": path}), 1)
+        return call
+
+
+USAGE = RequestUsage(prompt_tokens=10, completion_tokens=2)
+
+
+def nudges_in(messages: list[LLMMessage]) -> list[str]:
+    return [str(m.content) for m in messages if isinstance(m, UserMessage) and m.source == "stopserve"]
+
+
+def nudged_run(server: LiveServer, model: Stubborn, **kwargs: Any) -> tuple[StopServeTermination, TaskResult]:
+    stop = StopServeTermination(server.url, safety={"max_turns": 50}, timeout=2.0, **kwargs)
+    coder = AssistantAgent("coder", model_client=stop.nudging(model), tools=[run_tests])
+    ends = stop | TextMentionTermination("done", sources=["coder"]) | MaxMessageTermination(100)
+
+    async def main() -> TaskResult:
+        result = await RoundRobinGroupChat([coder], termination_condition=ends).run(task="fix it")
+        await stop.aclose()
+        return result
+
+    return stop, asyncio.run(main())
+
+
+def test_a_repeated_call_is_nudged_then_stopped(server: LiveServer) -> None:
+    """The same call and result six times (the default threshold): the next model request
+    carries the nudge, once per decision; repeating on, the team stops two repeats later."""
+    model = Stubborn()
+    stop, result = nudged_run(server, model)
+    assert_stopped_after_nudges(stop.last_decision)
+    assert result.stop_reason is not None and result.stop_reason.startswith("stopserve: stop (loop_detected)")
+    # requests 7 and 8 follow the sixth and seventh results
+    assert_each_nudge_sent_once(
+        [nudges_in(r) for r in model.requests], [nudges_in(r[-1:]) for r in model.requests]
+    )
+    # the team's own messages are unchanged: the nudge was only in the request
+    assert not any(NUDGE_START in m.to_text() for m in result.messages)
+
+
+def test_a_model_that_heeds_the_nudge_is_not_stopped(server: LiveServer) -> None:
+    model = Stubborn(heeds=True)
+    stop, result = nudged_run(server, model)
+    assert result.stop_reason is not None and "'done' mentioned" in result.stop_reason
+    assert not stop.terminated and len(model.requests) == 10  # three other paths, then its answer
+    assert [len(nudges_in(r)) for r in model.requests] == [0] * 6 + [1, 0, 0, 0]
+    assert stop.last_decision is not None and stop.last_decision.action == "continue"
+
+
+def test_nudge_false_delivers_nothing(server: LiveServer) -> None:
+    model = Stubborn(heeds=True)
+    stop, result = nudged_run(server, model, nudge=False)
+    assert_stopped_after_nudges(stop.last_decision)  # it never heard
+    assert result.stop_reason is not None and result.stop_reason.startswith("stopserve: stop (loop_detected)")
+    assert len(model.requests) == 8 and not any(nudges_in(r) for r in model.requests)
+    assert StopServeTermination(nudge=False).dump_component().config["nudge"] is False

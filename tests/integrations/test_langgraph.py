@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nudges import Plan, assert_nudge_texts, assert_stopped_after_nudges
 from servers import LiveServer
 from sketchkit import similar, traceback_at
 
@@ -18,6 +19,7 @@ from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
+from stopserve.api import DecideResponse
 from stopserve.integrations._common import RunClock
 from stopserve.integrations.langgraph import StopServeRouter, events_from_messages
 from stopserve.trace import read_traces
@@ -43,7 +45,12 @@ def scripted(n: int) -> FakeMessagesListChatModel:
 
 
 def build(
-    router: StopServeRouter, n: int = 20, with_stop_node: bool = False, model: Any = None, tool: Any = None
+    router: StopServeRouter,
+    n: int = 20,
+    with_stop_node: bool = False,
+    model: Any = None,
+    tool: Any = None,
+    nudging: bool = False,
 ) -> Any:
     model = model or scripted(n)
 
@@ -52,7 +59,8 @@ def build(
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
-    builder.add_node("tools", ToolNode([tool or run_tests]))
+    tools = ToolNode([tool or run_tests])
+    builder.add_node("tools", router.nudging(tools) if nudging else tools)
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", router)
     builder.add_edge("tools", "agent")
@@ -271,3 +279,119 @@ def test_tool_results_carry_progress(server: LiveServer) -> None:
         (3, 0, "go"),
     ]
     assert all(e.progress is None for e in traces[False].events)
+
+
+class Stubborn:
+    """A scripted model that calls ``run_tests`` as its :class:`~nudges.Plan` says, then answers
+    ``done``; it keeps every request it received."""
+
+    def __init__(self, heeds: bool = False) -> None:
+        self.plan = Plan(heeds)
+        self.requests: list[list[Any]] = []
+
+    def invoke(self, messages: list[Any]) -> AIMessage:
+        self.requests.append(list(messages))
+        i = len(self.requests)
+        path = self.plan.next_path(bool(nudges_in(messages[-1:])))
+        if path is None:
+            return AIMessage(content="done", id=f"answer{i}")
+        call = {"name": "run_tests", "args": {"path": path}, "id": f"call{i}"}
+        return AIMessage(content="", tool_calls=[call], id=f"call{i}")
+
+
+def nudged_graph(router: StopServeRouter, model: Stubborn) -> Any:
+    return build(router, with_stop_node=True, model=model, nudging=True)
+
+
+def nudges_in(request: list[Any]) -> list[str]:
+    return [m.content for m in request if isinstance(m, HumanMessage) and m.name == "stopserve"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_repeated_call_is_nudged_then_stopped(server: LiveServer, mode: str) -> None:
+    """The same call and result six times (the default threshold): the model's next request
+    carries the nudge, once per decision; repeating on, the run stops two repeats later."""
+    router = StopServeRouter(server.url, safety={"max_turns": 50}, timeout=2.0, on_stop="stopserve")
+    model = Stubborn()
+    config = {"configurable": {"thread_id": f"lg-nudge-{mode}"}, "recursion_limit": 60}
+    task = {"messages": [HumanMessage(content="fix it")]}
+    graph = nudged_graph(router, model)
+    state = graph.invoke(task, config) if mode == "sync" else asyncio.run(graph.ainvoke(task, config))
+    assert_stopped_after_nudges(router.decision(config=config))
+    # requests 1-7 carry no nudge; request 8 follows the sixth result, request 9 the seventh
+    assert [len(nudges_in(r)) for r in model.requests] == [0] * 7 + [1, 2]
+    first, second = nudges_in(model.requests[-1])
+    assert_nudge_texts(first, second)
+    assert model.requests[7][-1].content == first  # right after the tool result: read next
+    assert isinstance(model.requests[7][-2], ToolMessage)
+    assert state["messages"][-1].name == "stopserve" and "loop_detected" in state["messages"][-1].content
+
+
+def test_a_model_that_heeds_the_nudge_is_not_stopped(server: LiveServer) -> None:
+    router = StopServeRouter(server.url, safety={"max_turns": 50}, timeout=2.0, on_stop="stopserve")
+    model = Stubborn(heeds=True)
+    config = {"configurable": {"thread_id": "lg-nudge-heeded"}, "recursion_limit": 60}
+    state = nudged_graph(router, model).invoke({"messages": [HumanMessage(content="fix it")]}, config)
+    assert state["messages"][-1].content == "done"  # its own answer ended the run
+    d = router.decision(config=config)
+    assert d is not None and d.action == "continue" and d.reason is None and d.turn == 11
+    # the nudge after the sixth result turned it (request 8); the one after the seventh came
+    # with the first other path's result; none after
+    assert len(model.requests) == 11 and len(nudges_in(model.requests[-1])) == 2
+    router.outcome({"team": 1.0}, config=config)
+    trace = next(
+        t for t in read_traces(server.log_dir / "traces.jsonl") if t.trace_id == "langgraph-lg-nudge-heeded"
+    )
+    # the nudge is stopserve's, not the run's: no event for it
+    assert [e.type for e in trace.events].count("communicate") == 1  # the task
+
+
+def test_nudge_false_delivers_nothing(server: LiveServer) -> None:
+    router = StopServeRouter(
+        server.url, safety={"max_turns": 50}, timeout=2.0, on_stop="stopserve", nudge=False
+    )
+    model = Stubborn(heeds=True)
+    config = {"configurable": {"thread_id": "lg-nudge-off"}, "recursion_limit": 60}
+    nudged_graph(router, model).invoke({"messages": [HumanMessage(content="fix it")]}, config)
+    assert_stopped_after_nudges(router.decision(config=config))  # it never heard
+    assert all(not nudges_in(r) for r in model.requests) and len(model.requests) == 9
+
+
+class Nudges:
+    """A client whose every answer is continue, with a nudge."""
+
+    def decide(self, run_id: str, events: Any, **kwargs: Any) -> DecideResponse:
+        return DecideResponse(
+            run_id=run_id, action="continue", turn=1, finalize=False, propensity=1.0, nudge="try another path"
+        )
+
+
+def test_nudging_wraps_a_function_node_and_a_list_state() -> None:
+    router = StopServeRouter(client=Nudges())  # type: ignore[arg-type]
+    call = {"name": "run_tests", "args": {}, "id": "c"}
+    messages = [
+        HumanMessage(content="go", id="h"),
+        AIMessage(content="", tool_calls=[call], id="a"),
+        ToolMessage(content="1 failed", tool_call_id="c", id="t"),
+        AIMessage(content="", tool_calls=[call], id="b"),
+    ]
+    config = {"configurable": {"thread_id": "fn"}}
+
+    def reply(state: Any) -> dict[str, Any]:
+        return {"messages": [AIMessage(content="my turn", id="r")]}
+
+    node = router.nudging(reply)
+    assert node.invoke({"messages": messages}, config) == {"messages": [AIMessage(content="my turn", id="r")]}
+    router({"messages": messages}, config)  # a decision at the tool result: it nudges
+    out = node.invoke({"messages": messages}, config)["messages"]
+    assert [(type(m), m.content, m.name) for m in out] == [
+        (AIMessage, "my turn", None),
+        (HumanMessage, "try another path", "stopserve"),
+    ]
+    assert len(node.invoke({"messages": messages}, config)["messages"]) == 1  # once per decision
+    router(messages, {"configurable": {"thread_id": "list"}})  # a graph whose state is the list
+    listed = router.nudging(lambda state: [AIMessage(content="x", id="x")])
+    assert [m.content for m in listed.invoke(messages, {"configurable": {"thread_id": "list"}})] == [
+        "x",
+        "try another path",
+    ]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nudges import NUDGE_START, Plan, assert_each_nudge_sent_once, assert_stopped_after_nudges
 from servers import LiveServer
 from sketchkit import similar, traceback_at
 
@@ -283,3 +284,90 @@ def test_tool_results_carry_progress(server: LiveServer) -> None:
     ]
     assert outs[0] is not None and outs[0].error is not None  # the failing test, signed
     assert all(e.progress is None for e in traces[False].events)
+
+
+class Stubborn(ScriptedModel):
+    """Calls ``run_tests`` as its :class:`~nudges.Plan` says, then answers ``done``; it keeps
+    the input of every request."""
+
+    def __init__(self, heeds: bool = False) -> None:
+        super().__init__(n=0)
+        self.plan = Plan(heeds)
+        self.inputs: list[list[Any]] = []
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        self.calls += 1
+        items = kwargs["input"]
+        self.inputs.append(list(items) if isinstance(items, list) else [items])
+        path = self.plan.next_path(bool(nudges_in(self.inputs[-1][-1:])))
+        if path is None:
+            item = assistant_message("done")
+        else:
+            item = function_call("run_tests", {"path": path}, call_id=f"call{self.calls}")
+        usage = Usage(requests=1, input_tokens=10, output_tokens=2, total_tokens=12)
+        return ModelResponse(output=[item], usage=usage, response_id=None)
+
+
+def nudges_in(items: list[Any]) -> list[str]:
+    return [
+        i["content"]
+        for i in items
+        if isinstance(i, dict) and i.get("role") == "user" and str(i.get("content")).startswith(NUDGE_START)
+    ]
+
+
+def nudged_run(server: LiveServer, model: Stubborn, **kwargs: Any) -> tuple[StopServeHooks, Any]:
+    hooks = StopServeHooks(server.url, safety={"max_turns": 50}, timeout=2.0, **kwargs)
+    agent = hooks.attach(make_agent(model))
+
+    async def main() -> Any:
+        run_config = hooks.run_config(RUN_CONFIG)
+        result = await Runner.run(agent, "fix it", hooks=hooks, max_turns=30, run_config=run_config)
+        await hooks.aclose()
+        return result
+
+    return hooks, asyncio.run(main())
+
+
+def test_a_repeated_call_is_nudged_then_stopped(server: LiveServer) -> None:
+    """The same call and result six times (the default threshold): the next model request
+    carries the nudge, once per decision; repeating on, the run stops two repeats later."""
+    model = Stubborn()
+    hooks, result = nudged_run(server, model)
+    assert_stopped_after_nudges(hooks.stop_decision)
+    assert result.final_output.startswith("stopserve: stop (loop_detected)")
+    assert model.calls == 8
+    # requests 7 and 8 follow the sixth and seventh results
+    assert_each_nudge_sent_once(
+        [nudges_in(r) for r in model.inputs], [nudges_in(r[-1:]) for r in model.inputs]
+    )
+
+
+def test_a_model_that_heeds_the_nudge_is_not_stopped(server: LiveServer) -> None:
+    model = Stubborn(heeds=True)
+    hooks, result = nudged_run(server, model)
+    assert result.final_output == "done"  # its own answer, after three other paths
+    assert hooks.stop_decision is None and model.calls == 10
+    assert [len(nudges_in(i)) for i in model.inputs] == [0] * 6 + [1, 0, 0, 0]
+
+
+def test_nudge_false_delivers_nothing(server: LiveServer) -> None:
+    model = Stubborn(heeds=True)
+    hooks, result = nudged_run(server, model, nudge=False)
+    assert_stopped_after_nudges(hooks.stop_decision)
+    assert model.calls == 8 and not any(nudges_in(i) for i in model.inputs)
+    assert result.final_output.startswith("stopserve: stop (loop_detected)")  # it never heard
+
+
+def test_run_config_keeps_the_filter_it_had(server: LiveServer) -> None:
+    seen: list[int] = []
+
+    def count(data: Any) -> Any:
+        seen.append(len(data.model_data.input))
+        return data.model_data
+
+    hooks = StopServeHooks(server.url, safety={"max_turns": 2}, timeout=2.0)
+    config = hooks.run_config(RunConfig(tracing_disabled=True, call_model_input_filter=count))
+    agent = hooks.attach(make_agent(ScriptedModel(n=5)))
+    asyncio.run(Runner.run(agent, "x", hooks=hooks, run_config=config))
+    assert seen == [1, 3]  # the task; then the task, the call and its result

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from nudges import NUDGE_START, Plan
 from scenario_runs import LOOP_TURNS, TEXT_LOOP_TURNS, TOKENS_PER_TURN, Service
 
 pytest.importorskip("agents")
@@ -27,14 +28,17 @@ OUTER_NET = 60  # the SDK's max_turns: reached only if stopserve never stops the
 
 
 class Scripted(Model):
-    """A model whose i-th response is ``script(i, handoff tool names offered)``."""
+    """A model whose i-th response is ``script(i, handoff tool names offered)``; it keeps the
+    input of every request."""
 
     def __init__(self, script: Callable[[int, list[str]], list[Any]]) -> None:
         self.script = script
         self.calls = 0
+        self.inputs: list[Any] = []
 
     async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
         self.calls += 1
+        self.inputs.append(kwargs.get("input"))
         offered = [h.tool_name for h in kwargs.get("handoffs") or []]
         usage = Usage(
             requests=1, input_tokens=TOKENS_PER_TURN - 300, output_tokens=300, total_tokens=TOKENS_PER_TURN
@@ -54,9 +58,8 @@ def run_tests(path: str) -> str:
 def run(agent: Agent[Any], hooks: StopServeHooks) -> Any:
     async def main() -> Any:
         try:
-            return await Runner.run(
-                agent, "Fix parse()", hooks=hooks, max_turns=OUTER_NET, run_config=RUN_CONFIG
-            )
+            config = hooks.run_config(RUN_CONFIG)  # as docs/integrations.md runs it: nudges on
+            return await Runner.run(agent, "Fix parse()", hooks=hooks, max_turns=OUTER_NET, run_config=config)
         finally:
             await hooks.aclose()
 
@@ -108,3 +111,32 @@ def test_text_only_agents_handing_off_where_the_critic_repeats_itself(service: S
     # the agent the stop was handed to answered instead of handing off again
     assert result.final_output == f"{result.last_agent.name}: final answer"
     print(f"\nstopserve: stop ({decision.reason}, {decision.pattern}) at turn {decision.turn}")
+
+
+def is_nudge(item: Any) -> bool:
+    return (
+        isinstance(item, dict)
+        and item.get("role") == "user"
+        and str(item.get("content")).startswith(NUDGE_START)
+    )
+
+
+def test_a_model_that_heeds_the_nudge_goes_on(service: Service) -> None:
+    """Nothing but the URL: the sixth identical result brings the nudge into the model's next
+    request; the model tries something else (:class:`nudges.Plan`) and the run is not stopped."""
+    plan = Plan(heeds=True)
+
+    def script(i: int, _: list[str]) -> list[Any]:
+        path = plan.next_path(is_nudge(model.inputs[-1][-1]))
+        if path is None:
+            return [assistant_message("done")]
+        return [function_call("run_tests", {"path": path}, call_id=f"c{i}")]
+
+    model = Scripted(script)
+    hooks = StopServeHooks(service.url)
+    result = run(hooks.attach(Agent(name="coder", tools=[run_tests], model=model)), hooks)
+    assert result.final_output == "done", hooks.last_decision
+    assert hooks.stop_decision is None and hooks.last_decision is not None
+    assert hooks.last_decision.degraded is service.down, hooks.last_decision
+    nudged = [i for i, items in enumerate(model.inputs, 1) if is_nudge(items[-1])]
+    assert nudged == [7] and model.calls == 10, nudged  # after the sixth result

@@ -9,18 +9,21 @@ draft and the critic gives the same reply every time. Both must end with "loop" 
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 import pytest
+from nudges import NUDGE_START, Plan
 from scenario_runs import LOOP_TURNS, TEXT_LOOP_TURNS, TOKENS_PER_TURN, Service
 
 pytest.importorskip("autogen_agentchat")
 
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.base import TaskResult
-from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
 from autogen_agentchat.teams import RoundRobinGroupChat
 from autogen_core import FunctionCall
-from autogen_core.models import CreateResult, ModelFamily, ModelInfo, RequestUsage
+from autogen_core.models import CreateResult, LLMMessage, ModelFamily, ModelInfo, RequestUsage, UserMessage
 from autogen_ext.models.replay import ReplayChatCompletionClient
 
 from stopserve.integrations.autogen import StopServeTermination
@@ -41,10 +44,10 @@ def run_tests(path: str) -> str:
     return f"FAILED {path}::test_parse - AssertionError"
 
 
-def same_call(i: int) -> CreateResult:
+def same_call(i: int, path: str = "tests/test_utils.py") -> CreateResult:
     return CreateResult(
         finish_reason="function_calls",
-        content=[FunctionCall(id=f"call{i}", name="run_tests", arguments='{"path": "tests/test_utils.py"}')],
+        content=[FunctionCall(id=f"call{i}", name="run_tests", arguments=json.dumps({"path": path}))],
         usage=USAGE,
         cached=False,
     )
@@ -100,3 +103,37 @@ def test_text_only_team_where_the_critic_repeats_itself(service: Service) -> Non
     assert stop.last_decision.pattern in ("repeated_reply", "repeated_cycle")
     # the exchange stopped at the critic's reply that completed its sixth repeat
     assert [m.source for m in result.messages][-1] == "critic"
+
+
+class Heeding(ReplayChatCompletionClient):
+    """Stuck on one call until a nudge ends its request; then it tries three other paths and
+    answers ``done`` (:class:`nudges.Plan`). It keeps every request it received."""
+
+    def __init__(self) -> None:
+        super().__init__([], model_info=MODEL_INFO)
+        self.plan = Plan(heeds=True)
+        self.requests: list[list[LLMMessage]] = []
+
+    async def create(self, messages: Any, **kwargs: Any) -> CreateResult:
+        self.requests.append(list(messages))
+        path = self.plan.next_path(is_nudge(messages[-1]))
+        return text("done") if path is None else same_call(len(self.requests), path)
+
+
+def is_nudge(message: LLMMessage) -> bool:
+    return isinstance(message, UserMessage) and str(message.content).startswith(NUDGE_START)
+
+
+def test_a_model_that_heeds_the_nudge_goes_on(service: Service) -> None:
+    """Nothing but the URL: the sixth identical result brings the nudge into the model's next
+    request (``stop.nudging``); the model tries something else and the team is not stopped."""
+    model = Heeding()
+    stop = StopServeTermination(service.url)
+    coder = AssistantAgent("coder", model_client=stop.nudging(model), tools=[run_tests])
+    ends = stop | TextMentionTermination("done", sources=["coder"]) | MaxMessageTermination(OUTER_NET)
+    result = run(RoundRobinGroupChat([coder], termination_condition=ends), stop)
+    assert result.stop_reason is not None and "'done' mentioned" in result.stop_reason, stop.last_decision
+    assert not stop.terminated and stop.last_decision is not None
+    assert stop.last_decision.degraded is service.down, stop.last_decision
+    nudged = [i for i, r in enumerate(model.requests, 1) if is_nudge(r[-1])]
+    assert nudged == [7] and len(model.requests) == 10, nudged  # after the sixth result

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from nudges import Plan
 from scenario_runs import LOOP_TURNS, TEXT_LOOP_TURNS, TOKENS_PER_TURN, Service
 
 pytest.importorskip("langgraph")
@@ -32,7 +33,8 @@ def run_tests(path: str) -> str:
     return f"FAILED {path}::test_parse - AssertionError"
 
 
-def react_graph(router: StopServeRouter) -> Any:
+def react_graph(router: StopServeRouter, model: Any = None) -> Any:
+    """The ReAct graph as docs/integrations.md builds it (its tool node hands on the nudges)."""
     calls = [
         AIMessage(
             content="",
@@ -41,14 +43,14 @@ def react_graph(router: StopServeRouter) -> Any:
         )
         for i in range(STEPS)
     ]
-    model = FakeMessagesListChatModel(responses=[*calls, AIMessage(content="gave up")])
+    model = model or FakeMessagesListChatModel(responses=[*calls, AIMessage(content="gave up")])
 
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
-    builder.add_node("tools", ToolNode([run_tests]))
+    builder.add_node("tools", router.nudging(ToolNode([run_tests])))
     builder.add_node("stopserve", router.stop_node)
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", router)
@@ -121,3 +123,38 @@ def test_text_only_graph_where_the_critic_repeats_itself(service: Service) -> No
     decision = check(state, service, within=TEXT_LOOP_TURNS)
     assert decision["pattern"] in ("repeated_reply", "repeated_cycle")
     assert state["messages"][-2].name == "critic"  # its reply completed the repeat
+
+
+class Heeding:
+    """A model stuck on one call until a nudge ends its request; then it tries three other
+    paths and answers (:class:`nudges.Plan`). It keeps every request it received."""
+
+    def __init__(self) -> None:
+        self.plan = Plan(heeds=True)
+        self.requests: list[list[Any]] = []
+
+    def invoke(self, messages: list[Any]) -> AIMessage:
+        self.requests.append(list(messages))
+        last = messages[-1]
+        path = self.plan.next_path(isinstance(last, HumanMessage) and last.name == "stopserve")
+        if path is None:
+            return AIMessage(content="done", usage_metadata=USAGE)
+        call = {"name": "run_tests", "args": {"path": path}, "id": f"call{len(self.requests)}"}
+        return AIMessage(content="", tool_calls=[call], usage_metadata=USAGE)
+
+
+def test_a_model_that_heeds_the_nudge_goes_on(service: Service) -> None:
+    """Nothing but the URL: the sixth identical result brings the nudge into the model's next
+    request; the model tries something else and the run is not stopped."""
+    router = StopServeRouter(service.url, on_stop="stopserve")
+    model = Heeding()
+    config = {"configurable": {"thread_id": f"heeds-{service.down}"}, "recursion_limit": 2 * STEPS + 10}
+    try:
+        state = react_graph(router, model).invoke({"messages": [HumanMessage(content="Fix it")]}, config)
+    finally:
+        router.close()
+    d = router.decision(config=config)
+    assert state["messages"][-1].content == "done", d
+    assert d is not None and d.action == "continue" and d.degraded is service.down, d
+    nudged = [i for i, r in enumerate(model.requests, 1) if r[-1].name == "stopserve"]
+    assert nudged[0] == 8 and len(model.requests) == 11, nudged  # after the sixth result

@@ -307,6 +307,7 @@ def retrain_command(args: argparse.Namespace) -> int:
         if hasattr(os, "SCHED_IDLE"):  # Linux: run only on CPU the service leaves idle
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     from stopserve.training.retrain import RetrainOptions, logged_table, open_store, retrain
+    from stopserve.training.sequential import describe
 
     options = RetrainOptions(
         trainer=trainer_settings(args),
@@ -340,6 +341,12 @@ def retrain_command(args: argparse.Namespace) -> int:
                     f"{look['judged_on']['runs']} runs logged since:"
                 )
                 print(logged_table(result.second_look))
+            for who, seq in (
+                ("candidate", result.evidence.get("sequential")),
+                ("the candidate refused last time", result.evidence.get("second_look", {}).get("sequential")),
+            ):
+                if seq is not None:
+                    print(f"sequential evidence, {who} against the champion: {describe(seq)}")
         verdict = "PROMOTED" if result.promoted else "not promoted"
         where = f" -> {result.champion.path}" if result.champion is not None else ""
         print(f"{verdict}{' (dry run)' if args.dry_run else ''}: {result.reason}{where}")

@@ -79,7 +79,8 @@ def add_train_parsers(sub: Any) -> None:
         description="Fit a candidate on the service's logged runs (and --corpus), judge it, the champion and "
         "the tuned heuristics off-policy on the most recent runs it did not train on, and promote the "
         "candidate or a heuristic only when the lower end of the 90% interval of (it - champion) is "
-        "above 0; the candidate refused last time is judged again on the runs logged since. Every "
+        "above 0, or its evidence carried over the rounds (a confidence sequence) is; the candidate "
+        "refused last time is judged again on the runs logged since. Every "
         "promotion and refusal goes to the promotions log with its evidence (docs/retraining.md).",
     )
     p.add_argument(

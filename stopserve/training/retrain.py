@@ -22,7 +22,13 @@ recently *started*, as the service logs when each run started), and:
    shadowed by the service, which explored where it would go on) a **second look**: the
    same gate on the runs logged since its refusal, which it has neither trained nor been
    judged on. When it passes and the fitted candidate does not, it is promoted, before a
-   tuned heuristic (not with ``--candidate``). A refused candidate replaces the kept one.
+   tuned heuristic (not with ``--candidate``). A refused candidate replaces the kept one,
+   unless the kept one's sequential evidence is the stronger;
+5. keeps the **sequential evidence** of the candidate judged round after round (the kept one,
+   or ``--candidate``'s) against the champion, in the store's ``sequential.json``: each round's
+   held-out runs not counted before add their paired DR differences to a confidence sequence
+   (:mod:`stopserve.training.sequential`), and a candidate no round's interval shows better is
+   promoted once the sequence does; the evidence says which decided (``decided_by``).
 
 The promoted model is compiled here (into the inference cache the service reads), copied
 into the model store and becomes its champion; every
@@ -685,6 +691,8 @@ def judge(
             f"better by the sequential evidence: {describe(seq)}; this round alone, on the {n} "
             f"held-out runs: {said('candidate')}"
         )
+        if not (cand.enough and champ.enough):
+            reason += f" (not a figure: {cand.why or champ.why})"
     elif winner is not None:
         reason = f"better on the {n} held-out runs: {said(winner)}"
         if diffs[winner][1][0] <= 0.0:

@@ -445,7 +445,9 @@ def retrain(
         assert kept is not None and second is not None and second.sequence is not None
         store.candidate_seen_through(split.last_id)
         store.save_sequential(second.sequence.to_dict())
-        store.log({"kind": "refusal", "candidate": str(kept.path), "reason": reason, "evidence": evidence})
+        # ``candidate``: the one judged (in the work directory until the next retrain), as in every refusal
+        record = {"kind": "refusal", "candidate": str(candidate_dir), "kept": str(kept.path)}
+        store.log({**record, "reason": reason, "evidence": evidence})
     else:
         first_look = {**verdict.evidence["difference"], "enough": ev.estimates["candidate"].enough}
         kept_at = store.keep_candidate(candidate_dir, seen_through=split.last_id, first_look=first_look)

@@ -552,3 +552,34 @@ def test_the_sequential_evidence_counts_new_runs_once_and_resets_with_the_champi
     promoted = _retrain(d, 1.0, capsys)
     assert promoted["promoted"] and promoted["decided_by"] == "interval"
     assert store.sequential() is None
+
+
+def test_a_kept_candidate_with_the_stronger_sequential_evidence_stays_kept(
+    deployment: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fitted candidate refused does not replace the kept one when the kept one's evidence, gathered
+    over its rounds, is the stronger: it stays kept (and shadowed), its evidence grows by its second look."""
+    d = {**deployment, "store": tmp_path / "store"}
+    kept = rule_dir(tmp_path / "kept", "rule-0.45", 0.45)  # decides as the champion on these runs
+    seen = _keep(d["store"], kept, d["logs"], 149, {"mean": 0.02})
+    earlier = Evidence.start("rule-0.5", "rule-0.45")
+    rng = np.random.default_rng(3)
+    earlier.add([f"earlier-{i}" for i in range(300)], rng.normal(0.02, 0.1, size=300), floor=1.3)
+    assert 1 < earlier.e_value < 20  # some evidence, not enough
+    store = ModelStore(d["store"])
+    store.save_sequential(earlier.to_dict())
+    got = _retrain(d, 0.1, capsys, "--fit")
+    assert got["promoted"] is False, got["reason"]
+    look = got["second_look"]["sequential"]
+    assert look["added"] == 150 and look["runs"] == 450 and look["rounds"] == 2
+    assert look["e_value"] > got["sequential"]["e_value"]
+    assert "the candidate refused last time stays kept: its sequential evidence" in got["reason"]
+    assert got["kept"] == "the candidate refused last time"
+    now = store.kept_candidate()
+    last = json.loads((d["logs"] / "traces.jsonl").read_text().splitlines()[-1])["trace_id"]
+    assert now is not None and now.seen_through == last != seen and now.first_look == {"mean": 0.02}
+    assert Policy.load(now.path).model_version == "rule-0.45"
+    saved = Evidence.from_dict(store.sequential() or {})
+    assert saved is not None and saved.matches("rule-0.5", "rule-0.45") and saved.runs == 450
+    (refusal,) = store.history()
+    assert refusal["kept"] == str(now.path) and refusal["candidate"] == str(d["store"] / "work" / "candidate")

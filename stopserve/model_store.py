@@ -7,8 +7,8 @@ default ``<log_dir>/models``)::
     versions/<version>/ every promoted model (a model directory, checked by sha256 when loaded)
     candidate/          the last candidate refused, until a promotion (with exploration on, the
                         service runs it as a shadow challenger and explores where it would go on)
-    candidate.json      what its refusal saw (the last logged run it read, its first look's figures):
-                        the next retrain judges it again on the runs logged since
+    candidate.json      what its refusal saw (the last logged run the last retrain that judged it read,
+                        its first look's figures): the next retrain judges it again on the runs since
     sequential.json     the sequential gate's evidence about one challenger against the champion (its
                         held-out runs' ids and paired differences): reset by a promotion or a rollback
     promotions.jsonl    one line per retrain, promoted or refused, and per rollback, with the evidence

@@ -406,18 +406,19 @@ def retrain(
             reason += f"; the candidate refused last time: {look.get('reason') or look.get('skipped')}"
     # of two refused candidates the one with the stronger sequential evidence stays kept (and
     # shadowed, and judged again next time): a newly fitted one replaces the kept one unless the
-    # kept one's evidence, gathered over its rounds, is the stronger
+    # kept one's evidence, gathered over its rounds, is the stronger now (its capital: a peak
+    # that has since decayed is no evidence left)
     keep_old = (
         not promoted
         and second is not None
         and second.sequence is not None
-        and second.sequence.e_value > sequence.e_value
+        and second.sequence.capital > sequence.capital
     )
     if keep_old:
         assert second is not None and second.sequence is not None
         reason += (
-            f"; the candidate refused last time stays kept: its sequential evidence (e-value "
-            f"{second.sequence.e_value:.3g}) is stronger than this candidate's ({sequence.e_value:.3g})"
+            f"; the candidate refused last time stays kept: its sequential evidence (capital "
+            f"{second.sequence.capital:.3g}) is stronger than this candidate's ({sequence.capital:.3g})"
         )
         evidence["kept"] = "the candidate refused last time"
     if promoted:

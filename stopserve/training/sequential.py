@@ -169,6 +169,14 @@ class Evidence:
         return e_value(self.differences, floor=self.floor, alpha=self.alpha)
 
     @property
+    def capital(self) -> float:
+        """``K_t(0)`` now, after the last run (the e-value is its largest so far; 1 before any run)."""
+        if self.floor is None or not self.differences:
+            return 1.0
+        path = log_capital(self.differences, 0.0, floor=self.floor, alpha=self.alpha)
+        return float(math.exp(min(float(path[-1]), 700.0)))
+
+    @property
     def lower(self) -> float | None:
         """The lower end of the confidence sequence of the mean difference (see :func:`lower_bound`)."""
         if self.floor is None or not self.differences:
@@ -190,6 +198,7 @@ class Evidence:
             "mean": float(np.mean(self.differences)) if self.differences else None,
             "lower": self.lower,
             "e_value": self.e_value,
+            "capital": self.capital,
             "needed": 1.0 / self.alpha,
             "alpha": self.alpha,
             "floor": self.floor,

@@ -565,14 +565,14 @@ def test_a_kept_candidate_with_the_stronger_sequential_evidence_stays_kept(
     earlier = Evidence.start("rule-0.5", "rule-0.45")
     rng = np.random.default_rng(3)
     earlier.add([f"earlier-{i}" for i in range(300)], rng.normal(0.02, 0.1, size=300), floor=1.3)
-    assert 1 < earlier.e_value < 20  # some evidence, not enough
+    assert 1 < earlier.capital <= earlier.e_value < 20  # some evidence, not enough
     store = ModelStore(d["store"])
     store.save_sequential(earlier.to_dict())
     got = _retrain(d, 0.1, capsys, "--fit")
     assert got["promoted"] is False, got["reason"]
     look = got["second_look"]["sequential"]
     assert look["added"] == 150 and look["runs"] == 450 and look["rounds"] == 2
-    assert look["e_value"] > got["sequential"]["e_value"]
+    assert look["capital"] > got["sequential"]["capital"]
     assert "the candidate refused last time stays kept: its sequential evidence" in got["reason"]
     assert got["kept"] == "the candidate refused last time"
     now = store.kept_candidate()

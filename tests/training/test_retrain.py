@@ -583,3 +583,39 @@ def test_a_kept_candidate_with_the_stronger_sequential_evidence_stays_kept(
     assert saved is not None and saved.matches("rule-0.5", "rule-0.45") and saved.runs == 450
     (refusal,) = store.history()
     assert refusal["kept"] == str(now.path) and refusal["candidate"] == str(d["store"] / "work" / "candidate")
+
+
+def test_stopserve_retrain_promotes_on_the_sequential_evidence_and_logs_what_decided(
+    deployment: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Earlier rounds left evidence short of 20; this round's interval alone refuses (its lower end
+    below 0), and its 150 runs take the evidence past 20: promoted, said so, logged, the state cleared."""
+    candidate = rule_dir(tmp_path / "rule-0.4", "rule-0.4", 0.4)
+    d = {**deployment, "store": tmp_path / "store", "candidate": candidate}
+    truth = _truth(candidate, d["held"], 0.25) - _truth(d["champion"], d["held"], 0.25)
+    assert 0 < truth < 0.01
+    earlier = Evidence.start("rule-0.5", "rule-0.4")
+    gains = np.random.default_rng(4).normal(0.015, 0.1, size=700)
+    earlier.add([f"earlier-{i}" for i in range(700)], gains, floor=1.8)
+    assert 10 < earlier.e_value < 20
+    store = ModelStore(d["store"])
+    store.save_sequential(earlier.to_dict())
+    capsys.readouterr()
+    argv = ["retrain", "--log-dir", str(d["logs"]), "--model-store", str(d["store"]), "--champion"]
+    argv += [str(d["champion"]), "--candidate", str(candidate), "--lambda", "0.25", "--holdout", str(HOLDOUT)]
+    assert cli([*argv, "--n-boot", "400", "--no-progress", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "PROMOTED (dry run): better by the sequential evidence: 850 held-out runs over 2 rounds" in text
+    assert "this round alone, on the 150 held-out runs: candidate − champion" in text
+    got = _retrain(d, 0.25, capsys)
+    assert got["promoted"] and got["decided_by"] == "sequence" and got["winner"] == "candidate"
+    assert got["difference"]["ci90"][0] < 0  # this round's interval would have refused it
+    seq = got["sequential"]
+    assert seq["runs"] == 850 and seq["added"] == 150 and seq["rounds"] == 2 and seq["e_value"] >= 20
+    assert seq["lower"] > 0 and seq["passed"] is True
+    (promotion,) = store.history()
+    assert promotion["kind"] == "promotion" and promotion["evidence"]["decided_by"] == "sequence"
+    assert promotion["evidence"]["sequential"]["runs"] == 850
+    champion = store.champion()
+    assert champion is not None and champion.version == "rule-0.4"
+    assert store.sequential() is None  # a new champion: the next candidate starts from nothing

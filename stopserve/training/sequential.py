@@ -4,8 +4,9 @@ One retrain's gate reads a bootstrap interval on one held-out set: a small gain 
 large set to show. Here every held-out run a retrain judges a challenger on adds its paired
 doubly robust difference ``x = DR(challenger) − DR(champion)`` to a **test martingale**
 (Waudby-Smith & Ramdas, "Estimating means of bounded random variables by betting", JRSS-B
-2023: the one-sided hedged capital process with predictable plug-in empirical-Bernstein
-bets)::
+2023: the one-sided betting capital process with predictable plug-in empirical-Bernstein
+bets; their package ``confseq`` has it as ``betting_lower_cs``, but builds C++ and brings
+matplotlib, scipy and pandas: these few lines of numpy are what the gate needs)::
 
     K_t(m) = Π_{i ≤ t} (1 + λ_i(m) · (x_i − m)),   λ_i(m) = min(λ̂_i, c / (m + floor))
 

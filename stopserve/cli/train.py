@@ -346,7 +346,7 @@ def retrain_command(args: argparse.Namespace) -> int:
                 ("candidate", result.evidence.get("sequential")),
                 ("the candidate refused last time", result.evidence.get("second_look", {}).get("sequential")),
             ):
-                if seq is not None:
+                if seq is not None and describe(seq) not in result.reason:  # else the reason says it
                     print(f"sequential evidence, {who} against the champion: {describe(seq)}")
         verdict = "PROMOTED" if result.promoted else "not promoted"
         where = f" -> {result.champion.path}" if result.champion is not None else ""

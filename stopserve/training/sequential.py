@@ -253,8 +253,9 @@ def describe(seq: Mapping[str, Any]) -> str:
     else:
         added = " (none added this round: its figure rests on the model alone on too many runs)"
     level = 1 - seq["alpha"]
+    rounds = f"{seq['rounds']} round{'' if seq['rounds'] == 1 else 's'}"
     return (
-        f"{seq['runs']} held-out runs over {seq['rounds']} rounds{added}, candidate − champion = "
-        f"{seq['mean']:+.4f} per run, {level:.0%} confidence sequence's lower bound {seq['lower']:+.4f}, "
-        f"e-value {seq['e_value']:.3g} ({seq['needed']:g} promotes)"
+        f"{seq['runs']} held-out runs over {rounds}{added}, candidate − champion = {seq['mean']:+.4f} per "
+        f"run, {level:.0%} confidence sequence's lower bound {seq['lower']:+.4f}, e-value "
+        f"{seq['e_value']:.3g} ({seq['needed']:g} promotes)"
     )

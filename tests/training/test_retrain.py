@@ -509,7 +509,7 @@ def test_the_sequential_evidence_counts_new_runs_once_and_resets_with_the_champi
     seq = first["sequential"]
     assert not first["promoted"] and seq["runs"] == 150 and seq["rounds"] == 1 and seq["added"] == 150
     assert (seq["champion"], seq["candidate"]) == ("rule-0.5", "rule-0.2") and seq["lower"] < 0
-    assert "; the sequential evidence: 150 held-out runs over 1 rounds" in first["reason"]
+    assert "; the sequential evidence: 150 held-out runs over 1 round, " in first["reason"]
     saved = store.sequential()
     assert saved is not None and len(saved["run_ids"]) == 150
     held_ids = [json.loads(line)["trace_id"] for line in _held(deployment, tmp_path).read_text().splitlines()]
@@ -541,16 +541,32 @@ def test_the_sequential_evidence_counts_new_runs_once_and_resets_with_the_champi
     cand = rule_dir(tmp_path / "cand", "rule-0.3", 0.3)
     fresh = _retrain({**d, "champion": other, "candidate": cand}, 0.1, capsys)
     assert fresh["sequential"]["candidate"] == "rule-0.3" and fresh["sequential"]["rounds"] == 1
-    # the text output says it too
+    # the text output says it too: in the reason of a refusal, on a line of its own beside a promotion
+    # by the interval
     capsys.readouterr()
     argv = ["retrain", "--log-dir", str(d["logs"]), "--model-store", str(d["store"]), "--champion"]
     argv += [str(other), "--candidate", str(cand), "--lambda", "0.1", "--holdout", str(HOLDOUT)]
     assert cli([*argv, "--n-boot", "100", "--no-progress", "--dry-run"]) == 0
     text = capsys.readouterr().out
-    assert "sequential evidence, candidate against the champion: 150 held-out runs over 1 rounds" in text
+    assert "; the sequential evidence: 150 held-out runs over 1 round (none added this round: every" in text
+    assert "sequential evidence, candidate against the champion" not in text  # said once
+    argv = ["retrain", "--log-dir", str(d["logs"]), "--model-store", str(d["store"]), "--champion"]
+    argv += [
+        str(d["champion"]),
+        "--candidate",
+        str(d["candidate"]),
+        "--lambda",
+        "1",
+        "--holdout",
+        str(HOLDOUT),
+    ]
+    assert cli([*argv, "--n-boot", "400", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "PROMOTED: better on the 150 held-out runs: candidate − champion" in text
+    assert "sequential evidence, candidate against the champion: 150 held-out runs over 1 round," in text
     # a promotion clears it: the next challenger is judged against another champion
-    promoted = _retrain(d, 1.0, capsys)
-    assert promoted["promoted"] and promoted["decided_by"] == "interval"
+    promotion = store.history()[-1]
+    assert promotion["kind"] == "promotion" and promotion["evidence"]["decided_by"] == "interval"
     assert store.sequential() is None
 
 

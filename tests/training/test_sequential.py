@@ -122,7 +122,7 @@ def test_the_evidence_is_kept_in_the_store_and_reset_by_a_promotion(tmp_path: Pa
     assert not list((tmp_path / "store").glob(".sequential*"))  # written beside, renamed: nothing left over
     summary = {**back.summary(), "added": 2, "supported": True}
     assert summary["runs"] == 2 and summary["rounds"] == 1 and summary["needed"] == pytest.approx(20.0)
-    assert "2 held-out runs over 1 rounds" in describe(summary) and "e-value" in describe(summary)
+    assert "2 held-out runs over 1 round," in describe(summary) and "e-value" in describe(summary)
     # unreadable or foreign: none
     (tmp_path / "store" / "sequential.json").write_text("[1, 2]")
     assert store.sequential() is None

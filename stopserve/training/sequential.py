@@ -16,9 +16,9 @@ matplotlib, scipy and pandas: these few lines of numpy are what the gate needs):
 Ville's inequality it ever reaches ``1/α`` with probability at most ``α``, however many runs
 and rounds are added and whenever one looks. Hence:
 
-* the **e-value** ``max_t K_t(0)``: the challenger is promoted once it reaches ``1/α``; a
-  challenger no better than the champion is then promoted with probability at most ``α`` over
-  all rounds together;
+* the **e-value** ``max_t K_t(0)`` (strictly the e-process's running maximum; ``K_t(0)`` now
+  is ``capital``): the challenger is promoted once it reaches ``1/α``, and one no better than
+  the champion is then promoted with probability at most ``α`` over all rounds together;
 * the **lower bound** ``sup{m : max_t K_t(m) ≥ 1/α}``: a (1 − α) lower confidence sequence of
   the mean difference, valid at every round at once (``K_t(m)`` is non-increasing in ``m``).
 

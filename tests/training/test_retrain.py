@@ -21,10 +21,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from logged_runs import explored_stops, serve, true_value
+from logged_runs import explored_stops, rule_dir, serve, true_value
 from service._service_models import tiny_model
 
-from stopserve.artifacts import save_model_dir
 from stopserve.cli import main as cli
 from stopserve.model_store import ModelStore
 from stopserve.objective import Objective
@@ -37,14 +36,6 @@ from stopserve.training.simulate import simulate
 EPS, RHO = 0.2, 0.6
 N_RUNS = 300
 HOLDOUT = 0.5
-
-
-def rule_dir(out: Path, version: str, threshold: float) -> Path:
-    """A served stop rule (stop once the reward reaches ``threshold``) as a model directory."""
-    rule = TunedHeuristic(
-        "h", HeuristicRule(loop=False, reward_threshold=threshold), math.nan, "ktokens", 0.0
-    )
-    return save_model_dir(out, rule.manifest().updated(model_version=version))
 
 
 def _deploy(root: Path, threshold: float, epsilon: float, rho: float) -> dict[str, Any]:

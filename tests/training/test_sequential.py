@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from logged_runs import true_value
-from test_retrain import rule_dir
+from logged_runs import rule_dir, true_value
 
 from stopserve.model_store import ModelStore
 from stopserve.policy import Policy

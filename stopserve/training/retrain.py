@@ -60,7 +60,7 @@ from stopserve.training.backend import TraceSource
 from stopserve.training.fit import PolicyLearner, model_version
 from stopserve.training.heuristics import TunedHeuristic, tune_heuristics
 from stopserve.training.labels import build_decision_points
-from stopserve.training.offpolicy import MAX_UNSUPPORTED, MIN_RUNS, LoggedEvaluation, evaluate_logged
+from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged, supported_at_any_count
 from stopserve.training.parameters import TrainerSettings
 from stopserve.training.replay import REPLAY_ENGINE, replay_decide
 from stopserve.training.sequential import Evidence, describe
@@ -620,10 +620,10 @@ def judge(
     candidate wins when eligible, unless a heuristic is eligible and better than it (the lower
     end of their paired difference above 0); else the eligible one with the highest mean.
 
-    ``sequence``: the candidate's evidence from earlier rounds against this champion. Unless
-    more than ``MAX_UNSUPPORTED`` of the runs go on past a stop no exploration could undo, for
-    either policy, the runs of ``held`` it has not counted add their paired DR differences to
-    it (in place; fewer than ``MIN_RUNS`` runs, or thin weights, do); once its e-value
+    ``sequence``: the candidate's evidence from earlier rounds against this champion. When
+    both figures are supported but for their number of runs (fewer than ``MIN_RUNS`` do), the
+    runs of ``held`` it has not counted add their paired DR differences to it (in place); once
+    its e-value
     reaches ``1/alpha`` the candidate is promoted on it (``decided_by="sequence"``), before a
     heuristic that this round does not show better than the candidate.
     """
@@ -664,16 +664,17 @@ def judge(
     cand = ev.estimates["candidate"]
     seq: dict[str, Any] | None = None
     if sequence is not None:
-        # a confidence sequence holds at any number of runs and any spread of weights (what
-        # MIN_RUNS and the ESS share guard in a bootstrap): only a run whose figure rests on the
-        # model alone (past a stop no exploration could undo) is not unbiased
-        supported = all(e.unsupported <= MAX_UNSUPPORTED * e.n_runs for e in (champ, cand))
+        # a confidence sequence holds at any number of runs: a round too small for a figure adds
+        # its runs, a round whose figure rests on the model or on a few uneven weights does not
+        supported = all(supported_at_any_count(e) for e in (champ, cand))
         added = 0
         if supported:
             x = ev.runs["candidate"].dr - ev.runs["champion"].dr
             # a run's value q − lam·c is in [−lam·c, 1]: a paired difference read exactly is above
-            # −(1 + lam·c_final), the floor the martingale's bets are sized on (sequential.py)
-            floor = 1.0 + lam * float(dp.trace_c_final.max(initial=0.0))
+            # −(1 + lam·c_final), one through an importance weight w above about −w·(1 + lam·c_final):
+            # the floor the martingale's bets are sized on (sequential.py)
+            weight = max(1.0, cand.max_weight)
+            floor = weight * (1.0 + lam * float(dp.trace_c_final.max(initial=0.0)))
             added = sequence.add(dp.trace_id.tolist(), x, floor=floor)
         seq = {**sequence.summary(), "added": added, "supported": supported}
         heuristic_better = (

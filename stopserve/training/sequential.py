@@ -24,16 +24,17 @@ and rounds are added and whenever one looks. Hence:
 
 What it needs: the runs are a stationary stream (the state is for one champion, the policy
 that logged them, and one challenger: either changing starts it anew), each run's DR
-difference is unbiased for the true one (the run's stops could be explored: the gate adds no
-round where more than 5% of the runs go on past a stop nothing explores; the logging policy
-may explore differently from round to round, each run carries its own propensities), a run
-counts once (its id is kept), and ``x ≥ −floor``. It needs no least number of runs and no
-even spread of weights: those size a bootstrap, and the martingale holds at any ``t``. A run's
-value ``q − λ·c`` is in ``[−λ·c, 1]``, so on a run judged exactly ``x ≥ −(1 + λ·c_final)``:
-the floor is ``1 + λ·`` the largest final cost of the runs of the round that started the
-state, fixed from then on. A DR difference below it (an explored run weighted by ``1/ε``
-whose value is negative) is clipped up to it: the one way the sequence can err towards the
-challenger, so ``clipped`` counts them in the evidence.
+difference is unbiased for the true one (the gate adds a round only when both figures are
+supported by every rule but the least number of runs: none resting on the model alone or on a
+few uneven weights; the logging policy may explore differently from round to round, each run
+carries its own propensities), a run counts once (its id is kept), and ``x ≥ −floor``. It
+needs no least number of runs: that sizes a bootstrap, and the martingale holds at any ``t``.
+A run's value ``q − λ·c`` is in ``[−λ·c, 1]``, so on a run judged exactly
+``x ≥ −(1 + λ·c_final)``, and through an importance weight ``w`` about ``−w·(1 + λ·c_final)``:
+the floor is ``max(1, w_max)·(1 + λ·c_max)`` over the runs of the round that started the
+state (the challenger's largest weight, the largest final cost), fixed from then on. A DR
+difference below it (a later run weighted more) is clipped up to it: the one way the
+sequence can err towards the challenger, so ``clipped`` counts them in the evidence.
 
 >>> ev = Evidence.start("champion-v1", "candidate-v2")
 >>> ev.add(["r1", "r2"], [0.1, -0.05], floor=1.3)
@@ -245,13 +246,13 @@ class Evidence:
 def describe(seq: Mapping[str, Any]) -> str:
     """Evidence's ``summary()`` (with ``added`` and ``supported``, as the gate gives it) in words."""
     if not seq["runs"]:
-        return "no runs yet (this round's figures rest on the model alone on too many runs)"
+        return "no runs yet (this round's figures are not supported, whatever their number of runs)"
     if seq["added"]:
         added = ""
     elif seq["supported"]:
         added = " (none added this round: every run was counted before)"
     else:
-        added = " (none added this round: its figure rests on the model alone on too many runs)"
+        added = " (none added this round: its figures are not supported, whatever their number of runs)"
     level = 1 - seq["alpha"]
     rounds = f"{seq['rounds']} round{'' if seq['rounds'] == 1 else 's'}"
     return (

@@ -524,9 +524,9 @@ def test_the_sequential_evidence_counts_new_runs_once_and_resets_with_the_champi
     saved = store.sequential()
     assert saved is not None and len(set(saved["run_ids"])) == len(saved["run_ids"]) == 225
     # another champion: the evidence was about the one before, and starts from this round's runs
-    other = rule_dir(tmp_path / "other", "rule-0.6", 0.6)
+    other = rule_dir(tmp_path / "other", "rule-0.45", 0.45)  # stops where the logging champion did
     reset = _retrain({**d, "champion": other}, 0.1, capsys)
-    assert reset["sequential"]["champion"] == "rule-0.6" and reset["sequential"]["runs"] == 150
+    assert reset["sequential"]["champion"] == "rule-0.45" and reset["sequential"]["runs"] == 150
     assert reset["sequential"]["rounds"] == 1
     # another candidate too
     cand = rule_dir(tmp_path / "cand", "rule-0.3", 0.3)

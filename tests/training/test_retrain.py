@@ -626,3 +626,31 @@ def test_stopserve_retrain_promotes_on_the_sequential_evidence_and_logs_what_dec
     champion = store.champion()
     assert champion is not None and champion.version == "rule-0.4"
     assert store.sequential() is None  # a new champion: the next candidate starts from nothing
+
+
+def test_the_sequence_takes_a_round_only_as_evidence_and_sizes_its_floor_on_the_weights(
+    deployment: dict[str, Any], explored: dict[str, Any], tmp_path: Path
+) -> None:
+    """A candidate going on past stops few explored runs show what follows adds nothing; one judged
+    through explored runs adds its round, its floor that of a run read through its largest weight."""
+    kw: dict[str, Any] = {"lam": 0.1, "objective": Objective(lam=0.1), "n_boot": 200, "cost_unit": "ktokens"}
+    late = Policy.load(rule_dir(tmp_path / "late", "rule-0.9", 0.9))
+    thin = judge(
+        late,
+        Policy.load(deployment["champion"]),
+        _held(deployment, tmp_path),
+        sequence=Evidence.start("a", "b"),
+        **kw,
+    )
+    assert not thin.evaluation.estimates["candidate"].enough
+    assert thin.evidence["sequential"]["runs"] == 0 and thin.evidence["sequential"]["supported"] is False
+    assert "the sequential evidence: no runs yet (this round's figures are not supported" in thin.reason
+    (tmp_path / "explored").mkdir()
+    held = _held(explored, tmp_path / "explored")
+    on = Policy.load(rule_dir(tmp_path / "on", "rule-0.4", 0.4))
+    got = judge(on, Policy.load(explored["champion"]), held, sequence=Evidence.start("a", "b"), **kw)
+    cand = got.evaluation.estimates["candidate"]
+    seq = got.evidence["sequential"]
+    assert seq["supported"] is True and seq["added"] == 150 and cand.weighted > 0 and cand.max_weight > 1
+    c_max = float(got.evaluation.dp.trace_c_final.max())
+    assert seq["floor"] == pytest.approx(cand.max_weight * (1 + 0.1 * c_max))

@@ -7,8 +7,10 @@ default ``<log_dir>/models``)::
     versions/<version>/ every promoted model (a model directory, checked by sha256 when loaded)
     candidate/          the last candidate refused, until a promotion (with exploration on, the
                         service runs it as a shadow challenger and explores where it would go on)
-    candidate.json      what its refusal saw (the last logged run it read, its first look's figures):
-                        the next retrain judges it again on the runs logged since
+    candidate.json      what its refusal saw (the last logged run the last retrain that judged it read,
+                        its first look's figures): the next retrain judges it again on the runs since
+    sequential.json     the sequential gate's evidence about one challenger against the champion (its
+                        held-out runs' ids and paired differences): reset by a promotion or a rollback
     promotions.jsonl    one line per retrain, promoted or refused, and per rollback, with the evidence
     retrain.lock        held by a running retrain: one at a time, across replicas sharing the store
 
@@ -44,6 +46,7 @@ CHAMPION_FILE: Final = "champion.json"
 PROMOTIONS_FILE: Final = "promotions.jsonl"
 CANDIDATE_DIR: Final = "candidate"
 CANDIDATE_FILE: Final = "candidate.json"
+SEQUENTIAL_FILE: Final = "sequential.json"
 
 
 class RetrainBusyError(ConfigError):
@@ -140,10 +143,12 @@ class ModelStore:
         entry: dict[str, Any] = {"version": version, "path": rel, "at": now}
         champion = Champion(version, dest, [*history, entry])
         self._write_pointer(champion, rel)
-        # a candidate refused against the champion before is stale: it no longer decides in the shadow
+        # a candidate refused against the champion before is stale: it no longer decides in the shadow,
+        # and the evidence gathered against the champion before is about another champion
         shutil.rmtree(self.candidate_dir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             (self.root / CANDIDATE_FILE).unlink()
+        self.clear_sequential()
         self.log({"kind": "promotion", "version": version, "path": str(dest), "evidence": dict(evidence)})
         return champion
 
@@ -181,11 +186,34 @@ class ModelStore:
         os.replace(tmp / "model", dest)
         tmp.rmdir()
         record = {"seen_through": seen_through, "first_look": dict(first_look or {}), "at": time.time()}
-        fd, name = tempfile.mkstemp(prefix=".candidate.", suffix=".json", dir=self.root)
-        with os.fdopen(fd, "w") as out:
-            json.dump(record, out, allow_nan=False, default=str)
-        os.replace(name, self.root / CANDIDATE_FILE)
+        self._write_json(CANDIDATE_FILE, record)
         return dest
+
+    def candidate_seen_through(self, seen_through: str | None) -> None:
+        """The kept candidate stays kept, and has now seen the runs through ``seen_through`` too."""
+        kept = self.kept_candidate()
+        if kept is None:
+            raise ConfigError(f"{self.root}: no refused candidate is kept")
+        record = {"seen_through": seen_through, "first_look": kept.first_look, "at": time.time()}
+        self._write_json(CANDIDATE_FILE, record)
+
+    def sequential(self) -> dict[str, Any] | None:
+        """The sequential gate's evidence (``sequential.json``); None: none, or unreadable."""
+        try:
+            data = json.loads((self.root / SEQUENTIAL_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def save_sequential(self, record: Mapping[str, Any]) -> None:
+        """Replace the sequential gate's evidence (atomically: a reader sees the old or the new)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._write_json(SEQUENTIAL_FILE, record)
+
+    def clear_sequential(self) -> None:
+        """Forget the sequential gate's evidence (the next retrain starts from nothing)."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.root / SEQUENTIAL_FILE).unlink()
 
     def kept_candidate(self) -> KeptCandidate | None:
         """The refused candidate kept here and what its refusal saw; None when none is kept."""
@@ -219,6 +247,7 @@ class ModelStore:
             back.get("version"), where if where.is_absolute() else self.root / where, current.history[:-1]
         )
         self._write_pointer(champion, back["path"])
+        self.clear_sequential()
         self.log(
             {
                 "kind": "rollback",
@@ -264,11 +293,15 @@ class ModelStore:
         finally:
             os.close(fd)
 
-    def _write_pointer(self, champion: Champion, path_text: str) -> None:
-        data = {"version": champion.version, "path": path_text, "history": champion.history}
-        fd, tmp = tempfile.mkstemp(prefix=".champion.", dir=self.root)
+    def _write_json(self, name: str, record: Mapping[str, Any]) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=self.root)
         with os.fdopen(fd, "w") as out:
-            json.dump(data, out, indent=1)
+            json.dump(record, out, allow_nan=False, default=str)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, self.root / CHAMPION_FILE)
+        os.replace(tmp, self.root / name)
+
+    def _write_pointer(self, champion: Champion, path_text: str) -> None:
+        self._write_json(
+            CHAMPION_FILE, {"version": champion.version, "path": path_text, "history": champion.history}
+        )

@@ -79,7 +79,8 @@ def add_train_parsers(sub: Any) -> None:
         description="Fit a candidate on the service's logged runs (and --corpus), judge it, the champion and "
         "the tuned heuristics off-policy on the most recent runs it did not train on, and promote the "
         "candidate or a heuristic only when the lower end of the 90% interval of (it - champion) is "
-        "above 0; the candidate refused last time is judged again on the runs logged since. Every "
+        "above 0, or its evidence carried over the rounds (a confidence sequence) is; the candidate "
+        "refused last time is judged again on the runs logged since. Every "
         "promotion and refusal goes to the promotions log with its evidence (docs/retraining.md).",
     )
     p.add_argument(
@@ -307,6 +308,7 @@ def retrain_command(args: argparse.Namespace) -> int:
         if hasattr(os, "SCHED_IDLE"):  # Linux: run only on CPU the service leaves idle
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     from stopserve.training.retrain import RetrainOptions, logged_table, open_store, retrain
+    from stopserve.training.sequential import describe
 
     options = RetrainOptions(
         trainer=trainer_settings(args),
@@ -340,6 +342,12 @@ def retrain_command(args: argparse.Namespace) -> int:
                     f"{look['judged_on']['runs']} runs logged since:"
                 )
                 print(logged_table(result.second_look))
+            for who, seq in (
+                ("candidate", result.evidence.get("sequential")),
+                ("the candidate refused last time", result.evidence.get("second_look", {}).get("sequential")),
+            ):
+                if seq is not None and describe(seq) not in result.reason:  # else the reason says it
+                    print(f"sequential evidence, {who} against the champion: {describe(seq)}")
         verdict = "PROMOTED" if result.promoted else "not promoted"
         where = f" -> {result.champion.path}" if result.champion is not None else ""
         print(f"{verdict}{' (dry run)' if args.dry_run else ''}: {result.reason}{where}")

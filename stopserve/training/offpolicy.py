@@ -61,6 +61,7 @@ __all__ = [
     "continue_propensity",
     "evaluate_logged",
     "per_run_values",
+    "supported_at_any_count",
     "value_model",
 ]
 
@@ -219,7 +220,14 @@ class Estimate:
 
 
 def _support_verdict(
-    n: int, exact: int, weighted: int, zeroed: int, unsupported: int, *, ess: float | None = None
+    n: int,
+    exact: int,
+    weighted: int,
+    zeroed: int,
+    unsupported: int,
+    *,
+    ess: float | None = None,
+    min_runs: int = MIN_RUNS,
 ) -> str | None:
     """Why the runs are too few to support a figure, or None when they are enough.
 
@@ -228,8 +236,8 @@ def _support_verdict(
     :data:`MAX_UNSUPPORTED` of the runs may. Its weights' effective sample size ``ess``
     (None: all runs count fully) must be at least :data:`MIN_ESS_SHARE` of the runs.
     """
-    if n < MIN_RUNS:
-        return f"{n} logged runs: at least {MIN_RUNS} are needed for a figure"
+    if n < min_runs:
+        return f"{n} logged runs: at least {min_runs} are needed for a figure"
     alone = unsupported + (zeroed if weighted < MIN_WEIGHTED else 0)
     if alone <= MAX_UNSUPPORTED * n:
         if ess is None or ess >= MIN_ESS_SHARE * n:
@@ -250,6 +258,20 @@ def _support_verdict(
         f"the policy goes on past the logged stop on {weighted + zeroed + unsupported} of {n} runs, and only "
         f"{weighted} explored runs show what follows (at least {MIN_WEIGHTED}, or at most "
         f"{MAX_UNSUPPORTED:.0%} of the runs resting on the model alone): log more runs with exploration"
+    )
+
+
+def supported_at_any_count(estimate: Estimate) -> bool:
+    """``estimate``'s runs support it by every rule but the least number of runs (``MIN_RUNS``).
+
+    What a confidence sequence asks of a round's runs: it holds at any number of runs, but a
+    run resting on the model alone, or a few explored runs weighted unevenly standing for
+    many, it cannot tell from evidence.
+    """
+    e = estimate
+    return (
+        _support_verdict(e.n_runs, e.exact, e.weighted, e.zeroed, e.unsupported, ess=e.ess, min_runs=0)
+        is None
     )
 
 

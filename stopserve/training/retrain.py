@@ -22,7 +22,13 @@ recently *started*, as the service logs when each run started), and:
    shadowed by the service, which explored where it would go on) a **second look**: the
    same gate on the runs logged since its refusal, which it has neither trained nor been
    judged on. When it passes and the fitted candidate does not, it is promoted, before a
-   tuned heuristic (not with ``--candidate``). A refused candidate replaces the kept one.
+   tuned heuristic (not with ``--candidate``). A refused candidate replaces the kept one,
+   unless the kept one's sequential evidence is the stronger;
+5. keeps the **sequential evidence** of the candidate judged round after round (the kept one,
+   or ``--candidate``'s) against the champion, in the store's ``sequential.json``: each round's
+   held-out runs not counted before add their paired DR differences to a confidence sequence
+   (:mod:`stopserve.training.sequential`), and a candidate no round's interval shows better is
+   promoted once the sequence does; the evidence says which decided (``decided_by``).
 
 The promoted model is compiled here (into the inference cache the service reads), copied
 into the model store and becomes its champion; every
@@ -54,9 +60,10 @@ from stopserve.training.backend import TraceSource
 from stopserve.training.fit import PolicyLearner, model_version
 from stopserve.training.heuristics import TunedHeuristic, tune_heuristics
 from stopserve.training.labels import build_decision_points
-from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged
+from stopserve.training.offpolicy import MIN_RUNS, LoggedEvaluation, evaluate_logged, supported_at_any_count
 from stopserve.training.parameters import TrainerSettings
 from stopserve.training.replay import REPLAY_ENGINE, replay_decide
+from stopserve.training.sequential import Evidence, describe
 
 __all__ = [
     "Judgement",
@@ -324,6 +331,12 @@ def retrain(
     heuristics = {name: h.policy() for name, h in tuned.items()}
     # each policy replayed as the service serves it: with the cost weight the runs are decided at
     asked = Objective.of(trainer.lam, trainer.cost_share) or DEFAULT_OBJECTIVE
+    stored = Evidence.from_dict(raw) if (raw := store.sequential()) is not None else None
+    # the evidence kept is about the refused candidate kept, when one is (its second look adds to
+    # it); a fitted candidate is new, and starts from nothing
+    sequence = _evidence_for(
+        stored if kept is None else None, champion.model_version, candidate.model_version
+    )
     verdict = judge(
         candidate,
         champion,
@@ -337,6 +350,7 @@ def retrain(
         group_by=trainer.group_by,
         n_boot=options.n_boot,
         seed=trainer.seed,
+        sequence=sequence,
     )
     eval_s = time.perf_counter() - t_eval
     ev = verdict.evaluation
@@ -371,6 +385,7 @@ def retrain(
             cost_unit=train_dp.cost_unit,
             options=options,
             trainer=trainer,
+            stored=stored,
         )
         evidence["second_look"] = look
         evidence["timings"]["second_look_s"] = time.perf_counter() - t_second
@@ -385,9 +400,27 @@ def retrain(
                 f"{verdict.reason}"
             )
             evidence["winner"] = KEPT
+            evidence["decided_by"] = second.decided_by
             evidence["difference"] = {**look["difference"], "policy": KEPT}
         elif not promoted:
             reason += f"; the candidate refused last time: {look.get('reason') or look.get('skipped')}"
+    # of two refused candidates the one with the stronger sequential evidence stays kept (and
+    # shadowed, and judged again next time): a newly fitted one replaces the kept one unless the
+    # kept one's evidence, gathered over its rounds, is the stronger now (its capital: a peak
+    # that has since decayed is no evidence left)
+    keep_old = (
+        not promoted
+        and second is not None
+        and second.sequence is not None
+        and second.sequence.capital > sequence.capital
+    )
+    if keep_old:
+        assert second is not None and second.sequence is not None
+        reason += (
+            f"; the candidate refused last time stays kept: its sequential evidence (capital "
+            f"{second.sequence.capital:.3g}) is stronger than this candidate's ({sequence.capital:.3g})"
+        )
+        evidence["kept"] = "the candidate refused last time"
     if promoted:
         evidence["promoted_policy"] = {"policy": evidence["winner"], "version": winner.model_version}
     result = RetrainResult(
@@ -398,7 +431,7 @@ def retrain(
     # compiled here, at this process's priority, into the cache the service reads: its load of the
     # new champion (or, with exploration on, of the refused candidate it shadows) is then a cache
     # hit, not a compiler run beside its decide calls
-    Policy.load(winner_dir if promoted else candidate_dir)
+    Policy.load(winner_dir if promoted else kept.path if keep_old and kept is not None else candidate_dir)
     if promoted:
         assert winner.model_version is not None
         result.champion = store.promote(
@@ -409,11 +442,30 @@ def retrain(
             else None,
             evidence={**evidence, "reason": reason},
         )
+    elif keep_old:
+        assert kept is not None and second is not None and second.sequence is not None
+        store.candidate_seen_through(split.last_id)
+        store.save_sequential(second.sequence.to_dict())
+        # ``candidate``: the one judged (in the work directory until the next retrain), as in every refusal
+        record = {"kind": "refusal", "candidate": str(candidate_dir), "kept": str(kept.path)}
+        store.log({**record, "reason": reason, "evidence": evidence})
     else:
         first_look = {**verdict.evidence["difference"], "enough": ev.estimates["candidate"].enough}
         kept_at = store.keep_candidate(candidate_dir, seen_through=split.last_id, first_look=first_look)
+        store.save_sequential(sequence.to_dict())
         store.log({"kind": "refusal", "candidate": str(kept_at), "reason": reason, "evidence": evidence})
     return result
+
+
+def _evidence_for(stored: Evidence | None, champion: str | None, candidate: str | None) -> Evidence:
+    """The sequential evidence kept about ``candidate`` against ``champion``, else none yet.
+
+    A change of either starts it anew: the runs a new champion logs, or a new candidate's
+    figures, are another experiment.
+    """
+    if stored is not None and stored.matches(champion, candidate):
+        return stored
+    return Evidence.start(champion, candidate)
 
 
 def _second_look(
@@ -426,6 +478,7 @@ def _second_look(
     cost_unit: str | None,
     options: RetrainOptions,
     trainer: TrainerSettings,
+    stored: Evidence | None,
 ) -> tuple[Judgement | None, dict[str, Any]]:
     """The refused candidate judged again, against the champion, on the runs logged since.
 
@@ -434,7 +487,8 @@ def _second_look(
     figure its first look lacked. Given also to a candidate its first look found worse: those
     runs are independent of the first look's, which can be wrong (on the deployment simulator a
     candidate +0.016 better in truth read -0.0089 [-0.018, -0.0018] on its first).
-    Returns the judgement (None: skipped) and its evidence.
+    Its sequential evidence against this champion (``stored``, when it is about it) gathers
+    these runs too. Returns the judgement (None: skipped) and its evidence.
     """
     look: dict[str, Any] = {"candidate": {"path": str(kept.path)}, "first_look": kept.first_look}
     if kept.seen_through is None:
@@ -456,6 +510,7 @@ def _second_look(
         group_by=trainer.group_by,
         n_boot=options.n_boot,
         seed=trainer.seed,
+        sequence=_evidence_for(stored, champion.model_version, policy.model_version),
     )
     look.update(verdict.evidence)
     look["judged_on"] = {"runs": split.n_since, "after": kept.seen_through, **verdict.evidence["judged_on"]}
@@ -520,13 +575,18 @@ class Judgement:
     """The promotion gate's answer, its reason in words and the off-policy figures behind it.
 
     ``winner``: the challenger promoted (``candidate`` or ``heuristic <name>``), None when
-    none is.
+    none is. ``decided_by``: what promoted it, ``interval`` (this round's paired 90%
+    interval, or its runs' dominance) or ``sequence`` (the candidate's sequential evidence
+    over the rounds, :mod:`stopserve.training.sequential`). ``sequence``: that evidence with
+    this round's runs added (None: none was kept).
     """
 
     reason: str
     evaluation: LoggedEvaluation
     evidence: dict[str, Any]
     winner: str | None = None
+    decided_by: str | None = None
+    sequence: Evidence | None = None
 
     @property
     def promoted(self) -> bool:
@@ -548,6 +608,7 @@ def judge(
     group_by: str = "task",
     n_boot: int = 1000,
     seed: int = 0,
+    sequence: Evidence | None = None,
 ) -> Judgement:
     """Judge ``candidate`` (and, with ``heuristics_compete``, every heuristic) against ``champion``.
 
@@ -558,6 +619,13 @@ def judge(
     doubly robust, is above 0 -- or it is never worse on any run and better on some. The
     candidate wins when eligible, unless a heuristic is eligible and better than it (the lower
     end of their paired difference above 0); else the eligible one with the highest mean.
+
+    ``sequence``: the candidate's evidence from earlier rounds against this champion. When
+    both figures are supported but for their number of runs (fewer than ``MIN_RUNS`` do), the
+    runs of ``held`` it has not counted add their paired DR differences to it (in place); once
+    its e-value
+    reaches ``1/alpha`` the candidate is promoted on it (``decided_by="sequence"``), before a
+    heuristic that this round does not show better than the candidate.
     """
     heuristics = dict(heuristics or {})
     policies: dict[str, Policy] = {"candidate": candidate, "champion": champion, **heuristics}
@@ -592,13 +660,44 @@ def judge(
         ]
         eligible = rivals or ["candidate"]
     winner = max(eligible, key=lambda name: diffs[name][0]) if eligible else None
+    decided_by = None if winner is None else "interval"
+    cand = ev.estimates["candidate"]
+    seq: dict[str, Any] | None = None
+    if sequence is not None:
+        # a confidence sequence holds at any number of runs: a round too small for a figure adds
+        # its runs, a round whose figure rests on the model or on a few uneven weights does not
+        supported = all(supported_at_any_count(e) for e in (champ, cand))
+        added = 0
+        if supported:
+            x = ev.runs["candidate"].dr - ev.runs["champion"].dr
+            # a run's value q − lam·c is in [−lam·c, 1]: a paired difference read exactly is above
+            # −(1 + lam·c_final), one through an importance weight w above about −w·(1 + lam·c_final):
+            # the floor the martingale's bets are sized on (sequential.py)
+            weight = max(1.0, cand.max_weight)
+            floor = weight * (1.0 + lam * float(dp.trace_c_final.max(initial=0.0)))
+            added = sequence.add(dp.trace_id.tolist(), x, floor=floor)
+        seq = {**sequence.summary(), "added": added, "supported": supported}
+        heuristic_better = (
+            winner is not None
+            and winner != "candidate"
+            and ev.difference(winner, "candidate", GATE_ESTIMATOR)[1][0] > 0
+        )
+        if winner != "candidate" and seq["passed"] and not heuristic_better:
+            winner, decided_by = "candidate", "sequence"
 
     def said(name: str) -> str:
         diff, (lo, hi) = diffs[name]
         return f"{name} − champion = {diff:+.4f} per run, 90% interval [{lo:+.4f}, {hi:+.4f}]"
 
-    cand = ev.estimates["candidate"]
-    if winner is not None:
+    if decided_by == "sequence":
+        assert seq is not None
+        reason = (
+            f"better by the sequential evidence: {describe(seq)}; this round alone, on the {n} "
+            f"held-out runs: {said('candidate')}"
+        )
+        if not (cand.enough and champ.enough):
+            reason += f" (not a figure: {cand.why or champ.why})"
+    elif winner is not None:
         reason = f"better on the {n} held-out runs: {said(winner)}"
         if diffs[winner][1][0] <= 0.0:
             reason += " (never worse on any of them)"
@@ -616,6 +715,8 @@ def judge(
         reason += (
             f"; no tuned heuristic is better either (the best, {best}: lower end {diffs[best][1][0]:+.4f})"
         )
+    if winner is None and seq is not None:
+        reason += f"; the sequential evidence: {describe(seq)}"
     shown = winner or "candidate"
     diff, (lo, hi) = diffs[shown]
     evidence = {
@@ -629,13 +730,15 @@ def judge(
         },
         "estimates": ev.to_dict()["policies"],
         "winner": winner,
+        "decided_by": decided_by,
+        "sequential": seq,
         "difference": {"policy": shown, "estimator": GATE_ESTIMATOR, "mean": diff, "ci90": [lo, hi]},
         "challengers": {
             name: {"mean": d, "ci90": list(ci), "enough": ev.estimates[name].enough}
             for name, (d, ci) in diffs.items()
         },
     }
-    return Judgement(reason, ev, evidence, winner)
+    return Judgement(reason, ev, evidence, winner, decided_by, sequence)
 
 
 def open_store(

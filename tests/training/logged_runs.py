@@ -12,17 +12,21 @@ the logging policy's randomness can be enumerated with its probability
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from stopserve.artifacts import save_model_dir
 from stopserve.features import RunState
 from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.safety import SafetyConfig
 from stopserve.trace import Trace, is_decision_point
 from stopserve.training.deploy import prefix_values
+from stopserve.training.heuristics import HeuristicRule, TunedHeuristic
 
 
 class _Draw:
@@ -172,3 +176,11 @@ def true_value(
         if d.action == "stop":
             return values[k]
     return values[last]
+
+
+def rule_dir(out: Path, version: str, threshold: float) -> Path:
+    """A served stop rule (stop once the reward reaches ``threshold``) as a model directory."""
+    rule = TunedHeuristic(
+        "h", HeuristicRule(loop=False, reward_threshold=threshold), math.nan, "ktokens", 0.0
+    )
+    return save_model_dir(out, rule.manifest().updated(model_version=version))

@@ -21,16 +21,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from logged_runs import explored_stops, serve, true_value
+from logged_runs import explored_stops, rule_dir, serve, true_value
 from service._service_models import tiny_model
 
-from stopserve.artifacts import save_model_dir
 from stopserve.cli import main as cli
 from stopserve.model_store import ModelStore
 from stopserve.objective import Objective
 from stopserve.policy import Policy
 from stopserve.training.heuristics import HeuristicRule, TunedHeuristic
-from stopserve.training.retrain import _heuristic_dir, _split, judge
+from stopserve.training.retrain import Judgement, _evidence_for, _heuristic_dir, _split, judge
+from stopserve.training.sequential import Evidence
 from stopserve.training.simulate import simulate
 
 EPS, RHO = 0.2, 0.6
@@ -38,30 +38,28 @@ N_RUNS = 300
 HOLDOUT = 0.5
 
 
-def rule_dir(out: Path, version: str, threshold: float) -> Path:
-    """A served stop rule (stop once the reward reaches ``threshold``) as a model directory."""
-    rule = TunedHeuristic(
-        "h", HeuristicRule(loop=False, reward_threshold=threshold), math.nan, "ktokens", 0.0
-    )
-    return save_model_dir(out, rule.manifest().updated(model_version=version))
-
-
 def _deploy(root: Path, threshold: float, epsilon: float, rho: float) -> dict[str, Any]:
     """A log of N_RUNS runs served by a champion (stop at ``threshold``) with exploration, and a candidate."""
     champion = rule_dir(root / "champion", f"rule-{threshold}", threshold)
     candidate = rule_dir(root / "candidate", "rule-0.2", 0.2)
     twins = list(simulate(N_RUNS, seed=21, topology="centralized", run_to_cap=True, optimal_lambda=0.1))
-    served = Policy.load(champion)
-    rng = random.Random(0)
     logs = root / "logs"
     logs.mkdir()
-    with (logs / "traces.jsonl").open("w") as fh:
+    _log(logs / "traces.jsonl", Policy.load(champion), twins, epsilon, rho, random.Random(0))
+    held = twins[N_RUNS - math.ceil(HOLDOUT * N_RUNS) :]
+    return {"logs": logs, "champion": champion, "candidate": candidate, "held": held, "twins": twins}
+
+
+def _log(
+    path: Path, served: Policy, twins: list[dict[str, Any]], epsilon: float, rho: float, rng: random.Random
+) -> Path:
+    """``twins`` as the service logs them when ``served`` decides them, exploring (``epsilon``, ``rho``)."""
+    with path.open("w") as fh:
         for twin in twins:
             explore = explored_stops(rng, epsilon, rho)
             logged = serve(served, twin, lam=0.1, epsilon=epsilon, rho=rho, explore=explore)
             fh.write(json.dumps(logged.trace) + "\n")
-    held = twins[N_RUNS - math.ceil(HOLDOUT * N_RUNS) :]
-    return {"logs": logs, "champion": champion, "candidate": candidate, "held": held, "twins": twins}
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -406,3 +404,253 @@ def test_a_refused_candidate_passing_its_second_look_is_promoted_before_a_tuned_
     assert store.kept_candidate() is None and not (d["store"] / "candidate.json").exists()
     (promotion,) = store.history()
     assert promotion["evidence"]["second_look"]["judged_on"]["runs"] == 150
+
+
+def _rounds(
+    root: Path, champion: Path, *, seed: int, n_rounds: int, per_round: int
+) -> list[tuple[Path, list[dict[str, Any]]]]:
+    """Rounds of new runs the champion served with exploration: each a retrain's held-out runs, and
+    their run-to-cap twins."""
+    twins = list(
+        simulate(n_rounds * per_round, seed=seed, topology="centralized", run_to_cap=True, optimal_lambda=0.1)
+    )
+    served, rng = Policy.load(champion), random.Random(seed)
+    return [
+        (_log(root / f"round-{r}.jsonl", served, batch, EPS, RHO, rng), batch)
+        for r in range(n_rounds)
+        if (batch := twins[r * per_round : (r + 1) * per_round])
+    ]
+
+
+def _judged_over_rounds(
+    root: Path, candidate: Path, champion: Path, lam: float, *, seed: int, n_rounds: int, per_round: int
+) -> tuple[list[Judgement], list[dict[str, Any]]]:
+    """The gate round after round, its sequential evidence kept in a model store between rounds (as a
+    retrain keeps it), until it promotes; the judgements and the twins of the runs judged."""
+    store = ModelStore(root / "store")
+    cand, champ = Policy.load(candidate), Policy.load(champion)
+    kw: dict[str, Any] = {"lam": lam, "objective": Objective(lam=lam), "n_boot": 200, "cost_unit": "ktokens"}
+    got: list[Judgement] = []
+    seen: list[dict[str, Any]] = []
+    for held, twins in _rounds(root, champion, seed=seed, n_rounds=n_rounds, per_round=per_round):
+        stored = Evidence.from_dict(store.sequential() or {})
+        sequence = _evidence_for(stored, champ.model_version, cand.model_version)
+        got.append(judge(cand, champ, held, sequence=sequence, **kw))
+        seen += twins
+        if got[-1].promoted:
+            break
+        assert got[-1].sequence is not None
+        store.save_sequential(got[-1].sequence.to_dict())
+    return got, seen
+
+
+def test_a_small_gain_too_small_for_a_rounds_interval_is_promoted_by_the_sequential_evidence(
+    tmp_path: Path,
+) -> None:
+    """Rounds of 40 new runs each (a retrain every few runs): too few for one round's figure, so the
+    one-round gate never passes; the evidence carried over the rounds promotes the small true gain."""
+    champion = rule_dir(tmp_path / "champion", "rule-0.5", 0.5)
+    candidate = rule_dir(tmp_path / "candidate", "rule-0.4", 0.4)
+    got, seen = _judged_over_rounds(tmp_path, candidate, champion, 0.25, seed=31, n_rounds=40, per_round=40)
+    truth = _truth(candidate, seen, 0.25) - _truth(champion, seen, 0.25)
+    assert 0 < truth < 0.03  # a small gain: about a tenth of a run's spread
+    *before, last = got
+    assert len(before) >= 3 and all(not j.promoted for j in before)
+    assert all("40 logged runs: at least 50 are needed" in j.reason for j in got)
+    assert all("; the sequential evidence: " in j.reason for j in before)
+    assert all(not j.evaluation.estimates["candidate"].enough for j in got)
+    assert last.promoted and last.winner == "candidate" and last.decided_by == "sequence", last.reason
+    seq = last.evidence["sequential"]
+    assert seq["rounds"] == len(got) and seq["runs"] == 40 * len(got) and seq["added"] == 40
+    assert 0 < seq["lower"] <= truth and seq["e_value"] >= 20 and seq["passed"] is True
+    assert last.reason.startswith(f"better by the sequential evidence: {40 * len(got)} held-out runs over")
+    assert last.evidence["decided_by"] == "sequence"
+    assert before[-1].evidence["sequential"]["e_value"] < 20  # the round before had not enough
+
+
+def test_a_worse_candidate_is_never_promoted_over_many_rounds(tmp_path: Path) -> None:
+    """Three deployments of 12 rounds of 60 runs each (its figure supported every round): neither the
+    one-round gate nor the sequence promotes a candidate a little worse than the champion."""
+    champion = rule_dir(tmp_path / "champion", "rule-0.5", 0.5)
+    candidate = rule_dir(tmp_path / "candidate", "rule-0.4", 0.4)
+    for seed in (51, 52, 53):
+        root = tmp_path / f"seed-{seed}"
+        root.mkdir()
+        got, seen = _judged_over_rounds(root, candidate, champion, 0.15, seed=seed, n_rounds=12, per_round=60)
+        truth = _truth(candidate, seen, 0.15) - _truth(champion, seen, 0.15)
+        assert -0.03 < truth < 0
+        assert len(got) == 12 and not any(j.promoted for j in got)
+        seq = got[-1].evidence["sequential"]
+        assert (
+            seq["runs"] == 720
+            and seq["rounds"] == 12
+            and seq["lower"] <= truth
+            and seq["e_value"] < seq["needed"]
+        )
+
+
+def test_the_sequential_evidence_counts_new_runs_once_and_resets_with_the_champion(
+    deployment: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``stopserve retrain --candidate`` round after round: its held-out runs add to the evidence in
+    ``sequential.json`` once each; another champion, or another candidate, starts it anew."""
+    d = {**deployment, "store": tmp_path / "store"}
+    store = ModelStore(d["store"])
+    first = _retrain(d, 0.1, capsys)
+    seq = first["sequential"]
+    assert not first["promoted"] and seq["runs"] == 150 and seq["rounds"] == 1 and seq["added"] == 150
+    assert (seq["champion"], seq["candidate"]) == ("rule-0.5", "rule-0.2") and seq["lower"] < 0
+    assert "; the sequential evidence: 150 held-out runs over 1 round, " in first["reason"]
+    saved = store.sequential()
+    assert saved is not None and len(saved["run_ids"]) == 150
+    held_ids = [json.loads(line)["trace_id"] for line in _held(deployment, tmp_path).read_text().splitlines()]
+    assert saved["run_ids"] == held_ids
+    (refusal,) = store.history()
+    assert refusal["evidence"]["sequential"]["runs"] == 150 and refusal["evidence"]["decided_by"] is None
+    # the same log again: every held-out run was counted, nothing is added
+    again = _retrain(d, 0.1, capsys)
+    assert again["sequential"]["runs"] == 150 and again["sequential"]["added"] == 0
+    assert again["sequential"]["rounds"] == 1 and "every run was counted before" in again["reason"]
+    # a log rotated on: half the held-out runs were counted, the other half are new
+    lines = (deployment["logs"] / "traces.jsonl").read_text().splitlines()
+    twins = list(simulate(75, seed=22, topology="centralized", run_to_cap=True, optimal_lambda=0.1))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    new = _log(tmp_path / "new.jsonl", Policy.load(d["champion"]), twins, EPS, RHO, random.Random(1))
+    (logs / "traces.jsonl").write_text("\n".join(lines[75:]) + "\n" + new.read_text())
+    rotated = _retrain({**d, "logs": logs}, 0.1, capsys)
+    assert rotated["sequential"]["added"] == 75 and rotated["sequential"]["runs"] == 225
+    assert rotated["sequential"]["rounds"] == 2
+    saved = store.sequential()
+    assert saved is not None and len(set(saved["run_ids"])) == len(saved["run_ids"]) == 225
+    # another champion: the evidence was about the one before, and starts from this round's runs
+    other = rule_dir(tmp_path / "other", "rule-0.45", 0.45)  # stops where the logging champion did
+    reset = _retrain({**d, "champion": other}, 0.1, capsys)
+    assert reset["sequential"]["champion"] == "rule-0.45" and reset["sequential"]["runs"] == 150
+    assert reset["sequential"]["rounds"] == 1
+    # another candidate too
+    cand = rule_dir(tmp_path / "cand", "rule-0.3", 0.3)
+    fresh = _retrain({**d, "champion": other, "candidate": cand}, 0.1, capsys)
+    assert fresh["sequential"]["candidate"] == "rule-0.3" and fresh["sequential"]["rounds"] == 1
+    # the text output says it too: in the reason of a refusal, on a line of its own beside a promotion
+    # by the interval
+    capsys.readouterr()
+    argv = ["retrain", "--log-dir", str(d["logs"]), "--model-store", str(d["store"]), "--champion"]
+    argv += [str(other), "--candidate", str(cand), "--lambda", "0.1", "--holdout", str(HOLDOUT)]
+    assert cli([*argv, "--n-boot", "100", "--no-progress", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "; the sequential evidence: 150 held-out runs over 1 round (none added this round: every" in text
+    assert "sequential evidence, candidate against the champion" not in text  # said once
+    argv = ["retrain", "--log-dir", str(d["logs"]), "--model-store", str(d["store"]), "--champion"]
+    argv += [
+        str(d["champion"]),
+        "--candidate",
+        str(d["candidate"]),
+        "--lambda",
+        "1",
+        "--holdout",
+        str(HOLDOUT),
+    ]
+    assert cli([*argv, "--n-boot", "400", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "PROMOTED: better on the 150 held-out runs: candidate − champion" in text
+    assert "sequential evidence, candidate against the champion: 150 held-out runs over 1 round," in text
+    # a promotion clears it: the next challenger is judged against another champion
+    promotion = store.history()[-1]
+    assert promotion["kind"] == "promotion" and promotion["evidence"]["decided_by"] == "interval"
+    assert store.sequential() is None
+
+
+def test_a_kept_candidate_with_the_stronger_sequential_evidence_stays_kept(
+    deployment: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fitted candidate refused does not replace the kept one when the kept one's evidence, gathered
+    over its rounds, is the stronger: it stays kept (and shadowed), its evidence grows by its second look."""
+    d = {**deployment, "store": tmp_path / "store"}
+    kept = rule_dir(tmp_path / "kept", "rule-0.45", 0.45)  # decides as the champion on these runs
+    seen = _keep(d["store"], kept, d["logs"], 149, {"mean": 0.02})
+    earlier = Evidence.start("rule-0.5", "rule-0.45")
+    rng = np.random.default_rng(3)
+    earlier.add([f"earlier-{i}" for i in range(300)], rng.normal(0.02, 0.1, size=300), floor=1.3)
+    assert 1 < earlier.capital <= earlier.e_value < 20  # some evidence, not enough
+    store = ModelStore(d["store"])
+    store.save_sequential(earlier.to_dict())
+    got = _retrain(d, 0.1, capsys, "--fit")
+    assert got["promoted"] is False, got["reason"]
+    look = got["second_look"]["sequential"]
+    assert look["added"] == 150 and look["runs"] == 450 and look["rounds"] == 2
+    assert look["capital"] > got["sequential"]["capital"]
+    assert "the candidate refused last time stays kept: its sequential evidence" in got["reason"]
+    assert got["kept"] == "the candidate refused last time"
+    now = store.kept_candidate()
+    last = json.loads((d["logs"] / "traces.jsonl").read_text().splitlines()[-1])["trace_id"]
+    assert now is not None and now.seen_through == last != seen and now.first_look == {"mean": 0.02}
+    assert Policy.load(now.path).model_version == "rule-0.45"
+    saved = Evidence.from_dict(store.sequential() or {})
+    assert saved is not None and saved.matches("rule-0.5", "rule-0.45") and saved.runs == 450
+    (refusal,) = store.history()
+    assert refusal["kept"] == str(now.path) and refusal["candidate"] == str(d["store"] / "work" / "candidate")
+
+
+def test_stopserve_retrain_promotes_on_the_sequential_evidence_and_logs_what_decided(
+    deployment: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Earlier rounds left evidence short of 20; this round's interval alone refuses (its lower end
+    below 0), and its 150 runs take the evidence past 20: promoted, said so, logged, the state cleared."""
+    candidate = rule_dir(tmp_path / "rule-0.4", "rule-0.4", 0.4)
+    d = {**deployment, "store": tmp_path / "store", "candidate": candidate}
+    truth = _truth(candidate, d["held"], 0.25) - _truth(d["champion"], d["held"], 0.25)
+    assert 0 < truth < 0.01
+    earlier = Evidence.start("rule-0.5", "rule-0.4")
+    gains = np.random.default_rng(4).normal(0.015, 0.1, size=700)
+    earlier.add([f"earlier-{i}" for i in range(700)], gains, floor=1.8)
+    assert 10 < earlier.e_value < 20
+    store = ModelStore(d["store"])
+    store.save_sequential(earlier.to_dict())
+    capsys.readouterr()
+    argv = ["retrain", "--log-dir", str(d["logs"]), "--model-store", str(d["store"]), "--champion"]
+    argv += [str(d["champion"]), "--candidate", str(candidate), "--lambda", "0.25", "--holdout", str(HOLDOUT)]
+    assert cli([*argv, "--n-boot", "400", "--no-progress", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "PROMOTED (dry run): better by the sequential evidence: 850 held-out runs over 2 rounds" in text
+    assert "this round alone, on the 150 held-out runs: candidate − champion" in text
+    got = _retrain(d, 0.25, capsys)
+    assert got["promoted"] and got["decided_by"] == "sequence" and got["winner"] == "candidate"
+    assert got["difference"]["ci90"][0] < 0  # this round's interval would have refused it
+    seq = got["sequential"]
+    assert seq["runs"] == 850 and seq["added"] == 150 and seq["rounds"] == 2 and seq["e_value"] >= 20
+    assert seq["lower"] > 0 and seq["passed"] is True
+    (promotion,) = store.history()
+    assert promotion["kind"] == "promotion" and promotion["evidence"]["decided_by"] == "sequence"
+    assert promotion["evidence"]["sequential"]["runs"] == 850
+    champion = store.champion()
+    assert champion is not None and champion.version == "rule-0.4"
+    assert store.sequential() is None  # a new champion: the next candidate starts from nothing
+
+
+def test_the_sequence_takes_a_round_only_as_evidence_and_sizes_its_floor_on_the_weights(
+    deployment: dict[str, Any], explored: dict[str, Any], tmp_path: Path
+) -> None:
+    """A candidate going on past stops few explored runs show what follows adds nothing; one judged
+    through explored runs adds its round, its floor that of a run read through its largest weight."""
+    kw: dict[str, Any] = {"lam": 0.1, "objective": Objective(lam=0.1), "n_boot": 200, "cost_unit": "ktokens"}
+    late = Policy.load(rule_dir(tmp_path / "late", "rule-0.9", 0.9))
+    thin = judge(
+        late,
+        Policy.load(deployment["champion"]),
+        _held(deployment, tmp_path),
+        sequence=Evidence.start("a", "b"),
+        **kw,
+    )
+    assert not thin.evaluation.estimates["candidate"].enough
+    assert thin.evidence["sequential"]["runs"] == 0 and thin.evidence["sequential"]["supported"] is False
+    assert "the sequential evidence: no runs yet (this round's figures are not supported" in thin.reason
+    (tmp_path / "explored").mkdir()
+    held = _held(explored, tmp_path / "explored")
+    on = Policy.load(rule_dir(tmp_path / "on", "rule-0.4", 0.4))
+    got = judge(on, Policy.load(explored["champion"]), held, sequence=Evidence.start("a", "b"), **kw)
+    cand = got.evaluation.estimates["candidate"]
+    seq = got.evidence["sequential"]
+    assert seq["supported"] is True and seq["added"] == 150 and cand.weighted > 0 and cand.max_weight > 1
+    c_max = float(got.evaluation.dp.trace_c_final.max())
+    assert seq["floor"] == pytest.approx(cand.max_weight * (1 + 0.1 * c_max))

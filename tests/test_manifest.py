@@ -19,15 +19,19 @@ from stopserve.policy import Policy
 from stopserve.safety import DEFAULT_SAFETY, SafetyConfig
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "default"
+#: the manifest the default model shipped with in format 1 (models/default at b4842f9, before
+#: the 2026-12-04 retrain wrote format 2): what a model directory of that time holds
+FORMAT_1 = Path(__file__).resolve().parent / "data" / "manifest_format1.json"
 sys.path.insert(0, str(Path(__file__).parent / "decisions"))
 
 
 def _v1() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((SHIPPED / MANIFEST_FILE).read_text())
+    data: dict[str, Any] = json.loads(FORMAT_1.read_text())
+    assert data["format"] == MODEL_FORMAT_V1
     return data
 
 
-def test_the_shipped_format_1_manifest_reads_as_one_name_per_setting() -> None:
+def test_a_shipped_format_1_manifest_reads_as_one_name_per_setting() -> None:
     v1 = _v1()
     m = Manifest.from_data(v1)
     # min_turns was written three times and the cost share twice: each is one field now
@@ -147,9 +151,9 @@ def test_the_gates_and_their_configs_are_one_setting() -> None:
 
 
 def test_report_sections_are_loose_and_no_decision_reads_them() -> None:
-    v1 = _v1()
-    m = Manifest.from_data(v1)
-    odd = Manifest.from_data({**v1, "cv": {"anything": [1, 2]}, "guard": {"x": None}, "notes": ["n"]})
+    shipped: dict[str, Any] = json.loads((SHIPPED / MANIFEST_FILE).read_text())
+    m = Manifest.from_data(shipped)
+    odd = Manifest.from_data({**shipped, "cv": {"anything": [1, 2]}, "guard": {"x": None}, "notes": ["n"]})
     models = load_model_dir(SHIPPED).models
     a, b = Policy.from_manifest(m, models), Policy.from_manifest(odd, models)
     assert (a.deviation, a.objective, a.safety, a.rule) == (b.deviation, b.objective, b.safety, b.rule)

@@ -48,7 +48,7 @@ from stopserve.importers._common import (
     load_json,
     report,
 )
-from stopserve.signals.progress import extract
+from stopserve.signals.progress import progress_fields
 from stopserve.trace import FORMAT_TAG, Trace
 
 __all__ = ["INSTRUCTION_TOKENS", "LogFile", "convert", "estimate_tokens", "is_error_output", "read"]
@@ -302,9 +302,7 @@ def convert(run: Any, source: LogFile, key: str, *, sketch: bool = True) -> Trac
         }
         # a shell's valid_action is its exit status being 0; a failure's code is not logged
         exit_code = 0 if env in _SHELL_ENVS and turns.valid[k] is True else None
-        progress = extract(observation, tool=env, exit_code=exit_code, failed=ret["error"])
-        if progress is not None:
-            ret["progress"] = progress
+        ret.update(progress_fields(observation, tool=env, exit_code=exit_code, failed=ret["error"]))
         if strategy != "react":
             ret["grade"] = turns.rewards[k]
         events.append(ret)

@@ -47,7 +47,7 @@ import orjson
 from stopserve.errors import ImporterError
 from stopserve.ids import content_refs
 from stopserve.importers._common import OnError, fail, finish, iter_files, load_json, report
-from stopserve.signals.progress import extract
+from stopserve.signals.progress import progress_fields
 from stopserve.trace import FORMAT_TAG, Trace
 
 __all__ = ["read", "repo_of", "trace_from_mini", "trace_from_swe_agent"]
@@ -345,7 +345,7 @@ def trace_from_mini(
             use.update(content_refs(_content_text(msg.get("content")), sketch=sketch))
             use["format_error"] = True
             ret.update(error=True, format_error=True, **content_refs(text, sketch=sketch))
-            progress = extract(text, failed=True)
+            ret.update(progress_fields(text, failed=True))
         else:
             use.update(content_refs(command, sketch=sketch))
             code = _returncode(observations, text)
@@ -358,9 +358,7 @@ def trace_from_mini(
             elif _TIMEOUT_HINT in text:
                 ret.update(error=True, timeout=True)
             # the output the ref hashes, with the exit status read around it
-            progress = extract(output, tool="bash", exit_code=code, failed=ret.get("error"))
-        if progress is not None:
-            ret["progress"] = progress
+            ret.update(progress_fields(output, tool="bash", exit_code=code, failed=ret.get("error")))
         events.append(use)
         if observations or not is_last:
             events.append(ret)
@@ -498,9 +496,7 @@ def trace_from_swe_agent(
         }
         # an editor's sub-command (``str_replace_editor view ...``) says whether a file changed
         args = words[1].split(maxsplit=1) if len(words) > 1 else []
-        progress = extract(observation, tool=tool, tool_input={"command": args[0]} if args else None)
-        if progress is not None:
-            ret["progress"] = progress
+        ret.update(progress_fields(observation, tool=tool, tool_input={"command": args[0]} if args else None))
         events.append(ret)
     reason, limit = _swe_stop(exit_status)
     events.append(_final_stop(t, reason, exit_status, info, sketch=sketch))

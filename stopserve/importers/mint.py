@@ -54,7 +54,7 @@ from stopserve.importers._common import (
     iter_json_records,
     report,
 )
-from stopserve.signals.progress import extract
+from stopserve.signals.progress import progress_fields
 from stopserve.trace import FORMAT_TAG, Trace
 
 __all__ = ["RunPath", "apportion", "convert", "is_error_output", "parse_path", "read"]
@@ -391,9 +391,7 @@ def convert(
                     env.update(tool="python", error=is_error_output(observation))
                 else:  # refused, or a proposal MINT could not parse
                     env["error"] = True
-                progress = extract(observation, tool=env.get("tool"), failed=env["error"])
-                if progress is not None:
-                    env["progress"] = progress
+                env.update(progress_fields(observation, tool=env.get("tool"), failed=env["error"]))
             events.append(env)
         if won:
             events.append(

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -209,17 +209,8 @@ class Evidence:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready data (what the store keeps)."""
-        return {
-            "champion": self.champion,
-            "candidate": self.candidate,
-            "floor": self.floor,
-            "alpha": self.alpha,
-            "rounds": self.rounds,
-            "clipped": self.clipped,
-            "run_ids": self.run_ids,
-            "differences": self.differences,
-        }
+        """Plain JSON-ready data (what the store keeps): every field."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Evidence | None:
